@@ -1,0 +1,427 @@
+//! Batches: a columnar table of named tensors plus the dataset indices of the
+//! samples in it.
+//!
+//! A [`Tensor`] is a contiguous, 64-byte-aligned buffer with a shape and a
+//! [`DType`]. Its storage is either owned memory or any [`HostBuffer`]
+//! (for instance a page-locked buffer taken from a recycling pool).
+//!
+//! ```
+//! use ferrofeed_core::{Tensor, DType};
+//! let mut t = Tensor::zeros(DType::I64, &[2, 3]);
+//! t.as_slice_mut::<i64>().unwrap()[4] = 9;
+//! assert_eq!(t.shape(), &[2, 3]);
+//! assert_eq!(t.as_slice::<i64>().unwrap(), &[0, 0, 0, 0, 9, 0]);
+//! assert!(t.as_slice::<f32>().is_err(), "the dtype is checked");
+//! ```
+use std::fmt;
+
+use crate::budget::Lease;
+
+/// Element types a tensor can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// `uint8`
+    U8,
+    /// `int16`
+    I16,
+    /// `int32`
+    I32,
+    /// `int64`
+    I64,
+    /// `float32`
+    F32,
+    /// `float64`
+    F64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::I16 => 2,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 | DType::F64 => 8,
+        }
+    }
+    /// The NumPy type string (`|u1`, `<i8`, `<f4`…), little-endian.
+    pub fn numpy_descr(self) -> &'static str {
+        match self {
+            DType::U8 => "|u1",
+            DType::I16 => "<i2",
+            DType::I32 => "<i4",
+            DType::I64 => "<i8",
+            DType::F32 => "<f4",
+            DType::F64 => "<f8",
+        }
+    }
+    /// The usual name (`uint8`, `float32`…).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::U8 => "uint8",
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type that is a tensor element.
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    /// Its dtype.
+    const DTYPE: DType;
+}
+impl Element for u8 {
+    const DTYPE: DType = DType::U8;
+}
+impl Element for i16 {
+    const DTYPE: DType = DType::I16;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+}
+
+/// Memory a tensor can live in besides its own allocation (pinned host
+/// memory from a pool, a memory map…). Dropping it returns it to its owner.
+pub trait HostBuffer: Send + Sync {
+    /// The bytes (at least the tensor's length; 8-byte aligned).
+    fn as_bytes(&self) -> &[u8];
+    /// The bytes, mutably.
+    fn as_bytes_mut(&mut self) -> &mut [u8];
+    /// Whether the memory is page-locked (pinned) for fast device copies.
+    fn is_pinned(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+// SAFETY: plain bytes.
+unsafe impl bytemuck::Zeroable for Line {}
+unsafe impl bytemuck::Pod for Line {}
+
+enum Storage {
+    Owned(Vec<Line>),
+    External(Box<dyn HostBuffer>),
+}
+
+/// A contiguous, row-major n-dimensional array.
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    len_bytes: usize,
+    storage: Storage,
+}
+
+/// Asking for a tensor's data as the wrong element type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tensor holds {actual}, not {requested}")]
+pub struct DTypeMismatch {
+    /// The tensor's dtype.
+    pub actual: DType,
+    /// The requested dtype.
+    pub requested: DType,
+}
+
+impl Tensor {
+    /// A zero-filled tensor.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
+        let len_bytes = shape.iter().product::<usize>() * dtype.size();
+        let lines = len_bytes.div_ceil(64);
+        Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            len_bytes,
+            storage: Storage::Owned(vec![Line([0; 64]); lines]),
+        }
+    }
+
+    /// A tensor holding a copy of `data`.
+    ///
+    /// # Panics
+    /// If `data.len()` differs from the product of `shape`.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Tensor {
+        assert_eq!(
+            data.len(),
+            shape.iter().product::<usize>(),
+            "data length and shape disagree"
+        );
+        let mut t = Tensor::zeros(T::DTYPE, shape);
+        t.as_bytes_mut()
+            .copy_from_slice(bytemuck::cast_slice::<T, u8>(data));
+        t
+    }
+
+    /// A tensor over external memory (e.g. a pinned buffer). Fails when the
+    /// buffer is shorter than the shape needs or misaligned for the dtype.
+    pub fn from_host_buffer(
+        dtype: DType,
+        shape: &[usize],
+        buffer: Box<dyn HostBuffer>,
+    ) -> Result<Tensor, String> {
+        let len_bytes = shape.iter().product::<usize>() * dtype.size();
+        let bytes = buffer.as_bytes();
+        if bytes.len() < len_bytes {
+            return Err(format!(
+                "buffer holds {} bytes, the tensor needs {len_bytes}",
+                bytes.len()
+            ));
+        }
+        if (bytes.as_ptr() as usize) % dtype.size() != 0 {
+            return Err("buffer is not aligned for the dtype".into());
+        }
+        Ok(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            len_bytes,
+            storage: Storage::External(buffer),
+        })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Bytes of data.
+    pub fn nbytes(&self) -> usize {
+        self.len_bytes
+    }
+    /// Whether the data lives in page-locked memory.
+    pub fn is_pinned(&self) -> bool {
+        match &self.storage {
+            Storage::Owned(_) => false,
+            Storage::External(b) => b.is_pinned(),
+        }
+    }
+
+    /// The raw bytes (native endianness).
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Owned(v) => &bytemuck::cast_slice::<Line, u8>(v)[..self.len_bytes],
+            Storage::External(b) => &b.as_bytes()[..self.len_bytes],
+        }
+    }
+    /// The raw bytes, mutably.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.len_bytes;
+        match &mut self.storage {
+            Storage::Owned(v) => &mut bytemuck::cast_slice_mut::<Line, u8>(v)[..n],
+            Storage::External(b) => &mut b.as_bytes_mut()[..n],
+        }
+    }
+    /// The data as `&[T]`; errors when `T` is not the tensor's dtype.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T], DTypeMismatch> {
+        self.check::<T>()?;
+        Ok(bytemuck::cast_slice(self.as_bytes()))
+    }
+    /// The data as `&mut [T]`; errors when `T` is not the tensor's dtype.
+    pub fn as_slice_mut<T: Element>(&mut self) -> Result<&mut [T], DTypeMismatch> {
+        self.check::<T>()?;
+        Ok(bytemuck::cast_slice_mut(self.as_bytes_mut()))
+    }
+    fn check<T: Element>(&self) -> Result<(), DTypeMismatch> {
+        if T::DTYPE == self.dtype {
+            Ok(())
+        } else {
+            Err(DTypeMismatch {
+                actual: self.dtype,
+                requested: T::DTYPE,
+            })
+        }
+    }
+
+    /// Keeps the first `n` rows (the leading dimension); used when samples
+    /// are dropped from a batch after its buffer was sized.
+    pub fn truncate_rows(&mut self, n: usize) {
+        if let Some(first) = self.shape.first_mut() {
+            if n < *first {
+                let row = self.len_bytes / (*first).max(1);
+                *first = n;
+                self.len_bytes = row * n;
+            }
+        }
+    }
+
+    /// The `.npy` (version 1.0) encoding of this tensor.
+    pub fn to_npy(&self) -> Vec<u8> {
+        let shape = match self.shape.len() {
+            0 => "()".to_string(),
+            1 => format!("({},)", self.shape[0]),
+            _ => format!(
+                "({})",
+                self.shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let mut header = format!(
+            "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
+            self.dtype.numpy_descr(),
+            shape
+        );
+        // magic(6) + version(2) + len(2) + header + '\n' is a multiple of 64.
+        let total = 10 + header.len() + 1;
+        header.push_str(&" ".repeat(total.next_multiple_of(64) - total));
+        header.push('\n');
+        let mut out = Vec::with_capacity(10 + header.len() + self.len_bytes);
+        out.extend_from_slice(b"\x93NUMPY\x01\x00");
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(self.as_bytes());
+        out
+    }
+}
+
+impl Clone for Tensor {
+    fn clone(&self) -> Self {
+        let mut t = Tensor::zeros(self.dtype, &self.shape);
+        t.as_bytes_mut().copy_from_slice(self.as_bytes());
+        t
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({} {:?})", self.dtype, self.shape)
+    }
+}
+
+/// A batch: named tensors (columns) and the dataset index of each row.
+pub struct Batch {
+    columns: Vec<(String, Tensor)>,
+    indices: Vec<u64>,
+    pub(crate) lease: Option<Lease>,
+}
+
+impl fmt::Debug for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("indices", &self.indices)
+            .field("columns", &self.columns)
+            .finish()
+    }
+}
+
+impl Batch {
+    /// A batch with no columns for the given dataset indices.
+    pub fn new(indices: Vec<u64>) -> Batch {
+        Batch {
+            columns: Vec::new(),
+            indices,
+            lease: None,
+        }
+    }
+    /// Adds (or replaces) a column.
+    pub fn insert(&mut self, name: impl Into<String>, tensor: Tensor) {
+        let name = name.into();
+        if let Some(c) = self.columns.iter_mut().find(|(n, _)| *n == name) {
+            c.1 = tensor;
+        } else {
+            self.columns.push((name, tensor));
+        }
+    }
+    /// The column called `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.columns.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+    /// The column called `name`, mutably.
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.columns
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+    }
+    /// Removes and returns a column.
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        let pos = self.columns.iter().position(|(n, _)| n == name)?;
+        Some(self.columns.remove(pos).1)
+    }
+    /// All columns in insertion order.
+    pub fn columns(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.columns.iter().map(|(n, t)| (n.as_str(), t))
+    }
+    /// Dataset index of each row.
+    pub fn indices(&self) -> &[u64] {
+        &self.indices
+    }
+    pub(crate) fn set_indices(&mut self, indices: Vec<u64>) {
+        self.indices = indices;
+    }
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.indices.is_empty()
+    }
+    /// Bytes held by the columns.
+    pub fn nbytes(&self) -> usize {
+        self.columns.iter().map(|(_, t)| t.nbytes()).sum::<usize>() + self.indices.len() * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_header_is_aligned_and_parsable() {
+        let t = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6], &[2, 3]);
+        let npy = t.to_npy();
+        assert_eq!(&npy[..6], b"\x93NUMPY");
+        let hlen = u16::from_le_bytes([npy[8], npy[9]]) as usize;
+        assert_eq!((10 + hlen) % 64, 0);
+        let header = std::str::from_utf8(&npy[10..10 + hlen]).unwrap();
+        assert!(header.contains("'descr': '<i8'") && header.contains("(2, 3)"));
+        assert_eq!(
+            &npy[10 + hlen..],
+            bytemuck::cast_slice::<i64, u8>(&[1, 2, 3, 4, 5, 6])
+        );
+        let one = Tensor::from_slice(&[7u8], &[1]).to_npy();
+        assert!(std::str::from_utf8(&one[10..]).unwrap().contains("(1,)"));
+    }
+
+    #[test]
+    fn storage_is_aligned() {
+        let t = Tensor::zeros(DType::F64, &[3]);
+        assert_eq!(t.as_bytes().as_ptr() as usize % 64, 0);
+    }
+
+    #[test]
+    fn truncate_rows_shrinks_leading_dim() {
+        let mut t = Tensor::from_slice(&[1i32, 2, 3, 4, 5, 6], &[3, 2]);
+        t.truncate_rows(2);
+        assert_eq!(t.shape(), &[2, 2]);
+        assert_eq!(t.as_slice::<i32>().unwrap(), &[1, 2, 3, 4]);
+    }
+}

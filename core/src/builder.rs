@@ -1,0 +1,341 @@
+//! The pipeline builder: a source, stages, batching, policies — checked by
+//! [`PipelineBuilder::build`].
+//!
+//! `build()` walks the plan like a scheduler checks systems: every component
+//! a stage (or the collate) reads must be written by the source or an
+//! earlier stage and not consumed since; otherwise it is a [`BuildError`]
+//! naming the stage and the component.
+//!
+//! ```
+//! use ferrofeed_core::prelude::*;
+//! let err = Pipeline::builder(FnSource::new(4, |i| Ok(i)))
+//!     .map("parse", |s: String, _: &StageCtx| Ok::<_, BoxError>(s.len() as i64))
+//!     .batch_size(2)
+//!     .collate(StackCollate::new().column::<i64>("len"))
+//!     .build()
+//!     .unwrap_err();
+//! assert!(err.to_string().contains("stage `parse` reads component String"));
+//! ```
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::budget::ByteBudget;
+use crate::collate::Collate;
+use crate::component::{ComponentId, ComponentSet};
+use crate::error::{BoxError, BuildError, ErrorPolicy};
+use crate::pipeline::{ErasedSource, Pipeline, Shared, StageNode};
+use crate::sampler::{BatchSampler, FixedBatches, Order};
+use crate::source::{IterableSource, Source};
+use crate::stage::{erase, FnStage, Parallelism, Stage, StageCtx};
+
+/// Per-stage options: workers, error policy override, timeout.
+#[derive(Debug, Clone, Copy)]
+pub struct StageOptions {
+    pub(crate) workers: Parallelism,
+    pub(crate) on_error: Option<ErrorPolicy>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Default for StageOptions {
+    fn default() -> Self {
+        StageOptions {
+            workers: Parallelism::Auto,
+            on_error: None,
+            timeout: None,
+        }
+    }
+}
+
+impl StageOptions {
+    /// Defaults: `Auto` workers, the pipeline's policy, no timeout.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Worker count.
+    pub fn workers(mut self, p: Parallelism) -> Self {
+        self.workers = p;
+        self
+    }
+    /// Error policy for this stage only.
+    pub fn on_error(mut self, p: ErrorPolicy) -> Self {
+        self.on_error = Some(p);
+        self
+    }
+    /// A run longer than this becomes a timeout error naming the stage and
+    /// sample (the epoch stops: a stuck worker cannot be reclaimed).
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+}
+
+/// Builds a [`Pipeline`].
+pub struct PipelineBuilder {
+    source: ErasedSource,
+    source_writes: Vec<ComponentId>,
+    stages: Vec<StageNode>,
+    collate: Option<Box<dyn Collate>>,
+    sampler: Option<Box<dyn BatchSampler>>,
+    batch_size: usize,
+    drop_last: bool,
+    shuffle: bool,
+    seed: u64,
+    policy: ErrorPolicy,
+    ordered: bool,
+    max_bytes: usize,
+    prefetch: Option<usize>,
+    cpus: Option<usize>,
+    min_task_samples: usize,
+    fuse: bool,
+}
+
+/// Default byte budget: 256 MiB.
+pub const DEFAULT_MAX_BYTES_IN_FLIGHT: usize = 256 << 20;
+
+impl Pipeline {
+    /// Starts a pipeline over a map-style source.
+    pub fn builder<S: Source>(source: S) -> PipelineBuilder {
+        PipelineBuilder::new(ErasedSource::map(source), S::Output::ids())
+    }
+    /// Starts a pipeline over an iterable (sharded, streamed) source.
+    pub fn builder_iterable<S: IterableSource>(source: S) -> PipelineBuilder {
+        PipelineBuilder::new(ErasedSource::iterable(source), S::Output::ids())
+    }
+}
+
+impl PipelineBuilder {
+    fn new(source: ErasedSource, source_writes: Vec<ComponentId>) -> Self {
+        PipelineBuilder {
+            source,
+            source_writes,
+            stages: Vec::new(),
+            collate: None,
+            sampler: None,
+            batch_size: 1,
+            drop_last: false,
+            shuffle: false,
+            seed: 0,
+            policy: ErrorPolicy::Fail,
+            ordered: true,
+            max_bytes: DEFAULT_MAX_BYTES_IN_FLIGHT,
+            prefetch: None,
+            cpus: None,
+            min_task_samples: 64,
+            fuse: true,
+        }
+    }
+
+    /// Adds a stage with default options.
+    pub fn stage<S: Stage>(self, name: &str, stage: S) -> Self {
+        self.stage_with(name, StageOptions::default(), stage)
+    }
+
+    /// Adds a stage with options.
+    pub fn stage_with<S: Stage>(mut self, name: &str, opts: StageOptions, stage: S) -> Self {
+        self.stages.push(StageNode {
+            name: name.to_string(),
+            reads: S::In::ids(),
+            writes: S::Out::ids(),
+            opts,
+            salt: crate::rng::name_hash(name),
+            run: erase(stage),
+        });
+        self
+    }
+
+    /// Adds a closure stage: `|input: In, ctx: &StageCtx| -> Result<Out, E>`.
+    pub fn map<F, I, O, E>(self, name: &str, f: F) -> Self
+    where
+        F: Fn(I, &StageCtx) -> Result<O, E> + Send + Sync + 'static,
+        I: ComponentSet,
+        O: ComponentSet,
+        E: Into<BoxError> + 'static,
+    {
+        self.stage(name, FnStage::new(f))
+    }
+
+    /// Adds a closure stage with options.
+    pub fn map_with<F, I, O, E>(self, name: &str, opts: StageOptions, f: F) -> Self
+    where
+        F: Fn(I, &StageCtx) -> Result<O, E> + Send + Sync + 'static,
+        I: ComponentSet,
+        O: ComponentSet,
+        E: Into<BoxError> + 'static,
+    {
+        self.stage_with(name, opts, FnStage::new(f))
+    }
+
+    /// Samples per batch (default 1).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+    /// Drop a short last batch (default false).
+    pub fn drop_last(mut self, yes: bool) -> Self {
+        self.drop_last = yes;
+        self
+    }
+    /// Shuffle with a permutation drawn from `(seed, epoch)` (default false).
+    pub fn shuffle(mut self, yes: bool) -> Self {
+        self.shuffle = yes;
+        self
+    }
+    /// Seed for shuffling and for every stage's RNG (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// A custom batch sampler; replaces batch size, shuffle and drop_last.
+    pub fn batch_sampler<B: BatchSampler>(mut self, sampler: B) -> Self {
+        self.sampler = Some(Box::new(sampler));
+        self
+    }
+    /// How samples become a batch.
+    pub fn collate<C: Collate>(mut self, c: C) -> Self {
+        self.collate = Some(Box::new(c));
+        self
+    }
+    /// Pipeline-wide error policy (default `Fail`).
+    pub fn on_error(mut self, p: ErrorPolicy) -> Self {
+        self.policy = p;
+        self
+    }
+    /// Yield batches as soon as they are ready instead of in sampler order.
+    pub fn unordered(mut self) -> Self {
+        self.ordered = false;
+        self
+    }
+    /// Cap on bytes held by samples and batches in flight (default 256 MiB).
+    pub fn max_bytes_in_flight(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+    /// Tasks (groups of batches) allowed ahead of the consumer (default:
+    /// twice the largest stage's workers, at least 4).
+    pub fn prefetch(mut self, tasks: usize) -> Self {
+        self.prefetch = Some(tasks);
+        self
+    }
+    /// The CPU count `Parallelism::Auto` resolves to (default: the CPUs this
+    /// process may use).
+    pub fn cpus(mut self, n: usize) -> Self {
+        self.cpus = Some(n);
+        self
+    }
+    /// Smallest number of samples a worker handles per task: small batches
+    /// are grouped so queue hops are paid per group, not per sample
+    /// (default 64).
+    pub fn min_task_samples(mut self, n: usize) -> Self {
+        self.min_task_samples = n;
+        self
+    }
+    /// Run adjacent stages with equal worker counts in the same worker
+    /// (default true).
+    pub fn fuse(mut self, yes: bool) -> Self {
+        self.fuse = yes;
+        self
+    }
+
+    /// Checks the plan and starts the worker pools.
+    pub fn build(self) -> Result<Pipeline, BuildError> {
+        if self.batch_size == 0 {
+            return Err(BuildError::ZeroBatchSize);
+        }
+        if self.max_bytes == 0 {
+            return Err(BuildError::ZeroBudget);
+        }
+        if self.prefetch == Some(0) {
+            return Err(BuildError::Invalid("prefetch must be at least 1".into()));
+        }
+        let collate = self.collate.ok_or(BuildError::NoCollate)?;
+        // Component flow: what is available before each stage.
+        let mut available: Vec<(ComponentId, String)> = self
+            .source_writes
+            .iter()
+            .map(|c| (*c, "source".to_string()))
+            .collect();
+        let mut consumed: Vec<(ComponentId, String)> = Vec::new();
+        let mut names: Vec<&str> = Vec::new();
+        let check = |stage: &str,
+                     reads: &[ComponentId],
+                     available: &[(ComponentId, String)],
+                     consumed: &[(ComponentId, String)]|
+         -> Result<(), BuildError> {
+            for r in reads {
+                if !available.iter().any(|(c, _)| c == r) {
+                    let reason = match consumed.iter().rev().find(|(c, _)| c == r) {
+                        Some((_, by)) => format!("stage `{by}` already consumed"),
+                        None => "neither the source nor an earlier stage writes".to_string(),
+                    };
+                    return Err(BuildError::MissingComponent {
+                        stage: stage.to_string(),
+                        component: r.short_name().to_string(),
+                        reason,
+                    });
+                }
+            }
+            Ok(())
+        };
+        for st in &self.stages {
+            if names.contains(&st.name.as_str()) || st.name == "source" || st.name == "collate" {
+                return Err(BuildError::DuplicateStage(st.name.clone()));
+            }
+            names.push(&st.name);
+            if st.opts.workers == Parallelism::Fixed(0) {
+                return Err(BuildError::ZeroWorkers(st.name.clone()));
+            }
+            check(&st.name, &st.reads, &available, &consumed)?;
+            for r in &st.reads {
+                available.retain(|(c, _)| c != r);
+                consumed.push((*r, st.name.clone()));
+            }
+            for w in &st.writes {
+                available.retain(|(c, _)| c != w);
+                available.push((*w, st.name.clone()));
+            }
+        }
+        check("collate", &collate.reads(), &available, &consumed)?;
+
+        let cpus = self.cpus.unwrap_or_else(available_cpus).max(1);
+        let sampler: Box<dyn BatchSampler> = match self.sampler {
+            Some(s) => s,
+            None => Box::new(FixedBatches {
+                order: if self.shuffle {
+                    Order::Shuffled
+                } else {
+                    Order::Sequential
+                },
+                batch_size: self.batch_size,
+                drop_last: self.drop_last,
+            }),
+        };
+        let shared = Shared::new(
+            self.source,
+            self.stages,
+            collate,
+            sampler,
+            crate::pipeline::Config {
+                seed: self.seed,
+                policy: self.policy,
+                ordered: self.ordered,
+                prefetch: self.prefetch,
+                cpus,
+                min_task_samples: self.min_task_samples.max(1),
+                fuse: self.fuse,
+                batch_size: self.batch_size,
+                drop_last: self.drop_last,
+                shuffle: self.shuffle,
+            },
+            ByteBudget::new(self.max_bytes),
+        );
+        Pipeline::start(Arc::new(shared))
+    }
+}
+
+/// CPUs this process may use: affinity mask and cgroup quota, as
+/// `std::thread::available_parallelism` reports them.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}

@@ -1,0 +1,1731 @@
+//! The running pipeline: persistent worker pools, bounded queues, ordering,
+//! the byte budget and the error policy at work.
+//!
+//! Stages with equal worker counts are fused into one *segment* (tf.data's
+//! map fusion); each segment has its own pool of threads that lives as long
+//! as the [`Pipeline`]. Work moves in *tasks* — a group of consecutive batches
+//! of at least `min_task_samples` samples — so queue hops are paid per task,
+//! not per sample. Segments are linked by bounded `flume` queues; the consumer
+//! reorders tasks into sampler order (unless `unordered`).
+//!
+//! ```
+//! use ferrofeed_core::prelude::*;
+//! let p = Pipeline::builder(FnSource::new(1000, |i| Ok(i as i64)))
+//!     .map_with("slow", StageOptions::new().workers(Parallelism::Fixed(3)),
+//!         |x: i64, _: &StageCtx| Ok::<_, BoxError>(x + 1))
+//!     .batch_size(32)
+//!     .shuffle(true)
+//!     .seed(1)
+//!     .collate(StackCollate::new().column::<i64>("x"))
+//!     .build()
+//!     .unwrap();
+//! for epoch in 0..3 {
+//!     let n: usize = p.epoch(epoch).map(|b| b.unwrap().len()).sum();
+//!     assert_eq!(n, 1000);
+//! }
+//! ```
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::batch::Batch;
+use crate::budget::{ByteBudget, Lease};
+use crate::builder::StageOptions;
+use crate::collate::Collate;
+use crate::component::{ComponentId, ComponentSet};
+use crate::error::{BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError};
+use crate::metrics::{EpochSummary, StageMetrics, StageReport};
+use crate::sample::Sample;
+use crate::sampler::{permutation, BatchSampler, EpochPlan};
+use crate::source::{stream_index, IterableSource, Source};
+use crate::stage::{RunFn, StageCtx, StageFail};
+
+pub(crate) struct StageNode {
+    pub name: String,
+    pub reads: Vec<ComponentId>,
+    pub writes: Vec<ComponentId>,
+    pub opts: StageOptions,
+    pub salt: u64,
+    pub run: RunFn,
+}
+
+type GetFn = Box<dyn Fn(u64, &mut Sample) -> Result<(), BoxError> + Send + Sync>;
+type KeyFn = Box<dyn Fn(u64) -> Option<String> + Send + Sync>;
+type StreamIter =
+    Box<dyn Iterator<Item = Result<Box<dyn FnOnce(&mut Sample) + Send>, BoxError>> + Send>;
+type OpenFn = Box<dyn Fn(usize) -> Result<StreamIter, BoxError> + Send + Sync>;
+
+pub(crate) enum ErasedSource {
+    Map {
+        len: u64,
+        get: GetFn,
+        key: KeyFn,
+    },
+    Iter {
+        shards: usize,
+        key: Box<dyn Fn(usize) -> String + Send + Sync>,
+        open: OpenFn,
+    },
+}
+
+impl ErasedSource {
+    pub(crate) fn map<S: Source>(source: S) -> Self {
+        let source = Arc::new(source);
+        let s2 = Arc::clone(&source);
+        ErasedSource::Map {
+            len: source.len(),
+            get: Box::new(move |i, sample| {
+                source.get(i)?.put_into(sample);
+                Ok(())
+            }),
+            key: Box::new(move |i| s2.key(i)),
+        }
+    }
+    pub(crate) fn iterable<S: IterableSource>(source: S) -> Self {
+        let source = Arc::new(source);
+        let s2 = Arc::clone(&source);
+        ErasedSource::Iter {
+            shards: source.num_shards(),
+            key: Box::new(move |s| s2.shard_key(s)),
+            open: Box::new(move |shard| {
+                let it = source.open(shard)?;
+                Ok(Box::new(it.map(|r| {
+                    r.map(|o| {
+                        Box::new(move |s: &mut Sample| o.put_into(s))
+                            as Box<dyn FnOnce(&mut Sample) + Send>
+                    })
+                })) as StreamIter)
+            }),
+        }
+    }
+    fn key_of(&self, index: u64) -> Option<String> {
+        match self {
+            ErasedSource::Map { key, .. } => key(index),
+            ErasedSource::Iter { key, .. } => {
+                let shard = (index >> crate::source::STREAM_POSITION_BITS) as usize;
+                let pos = index & ((1u64 << crate::source::STREAM_POSITION_BITS) - 1);
+                Some(format!("{}#{pos}", key(shard)))
+            }
+        }
+    }
+}
+
+pub(crate) struct Config {
+    pub seed: u64,
+    pub policy: ErrorPolicy,
+    pub ordered: bool,
+    pub prefetch: Option<usize>,
+    pub cpus: usize,
+    pub min_task_samples: usize,
+    pub fuse: bool,
+    pub batch_size: usize,
+    pub drop_last: bool,
+    pub shuffle: bool,
+}
+
+struct Segment {
+    stages: Range<usize>,
+    workers: usize,
+}
+
+#[derive(Default)]
+struct WorkerSlot {
+    since_ns: AtomicU64,
+    stage: AtomicUsize,
+    index: AtomicU64,
+}
+
+pub(crate) struct Shared {
+    source: ErasedSource,
+    stages: Vec<StageNode>,
+    collate: Box<dyn Collate>,
+    sampler: Box<dyn BatchSampler>,
+    cfg: Config,
+    budget: Arc<ByteBudget>,
+    segments: Vec<Segment>,
+    /// `[source, stages…, collate]`.
+    metrics: Vec<StageMetrics>,
+    slow: Vec<AtomicBool>,
+    slots: Vec<WorkerSlot>,
+    has_timeouts: bool,
+    t0: Instant,
+    window: u64,
+    metrics_since: Mutex<Instant>,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        source: ErasedSource,
+        stages: Vec<StageNode>,
+        collate: Box<dyn Collate>,
+        sampler: Box<dyn BatchSampler>,
+        cfg: Config,
+        budget: Arc<ByteBudget>,
+    ) -> Shared {
+        let mut segments: Vec<Segment> = Vec::new();
+        for (i, st) in stages.iter().enumerate() {
+            let w = st.opts.workers.resolve(cfg.cpus);
+            match segments.last_mut() {
+                Some(seg) if cfg.fuse && seg.workers == w => seg.stages.end = i + 1,
+                _ => segments.push(Segment {
+                    stages: i..i + 1,
+                    workers: w,
+                }),
+            }
+        }
+        if segments.is_empty() {
+            segments.push(Segment {
+                stages: 0..0,
+                workers: cfg.cpus,
+            });
+        }
+        let total_workers: usize = segments.iter().map(|s| s.workers).sum();
+        let max_workers = segments.iter().map(|s| s.workers).max().unwrap_or(1);
+        let window = cfg.prefetch.unwrap_or((2 * max_workers).max(4)) as u64;
+        let n = stages.len() + 2;
+        Shared {
+            has_timeouts: stages.iter().any(|s| s.opts.timeout.is_some()),
+            source,
+            metrics: (0..n).map(|_| StageMetrics::default()).collect(),
+            slow: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            slots: (0..total_workers).map(|_| WorkerSlot::default()).collect(),
+            stages,
+            collate,
+            sampler,
+            cfg,
+            budget,
+            segments,
+            t0: Instant::now(),
+            window,
+            metrics_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn stage_name(&self, metric_index: usize) -> &str {
+        if metric_index == 0 {
+            "source"
+        } else if metric_index <= self.stages.len() {
+            &self.stages[metric_index - 1].name
+        } else {
+            "collate"
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Epoch runs and messages
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    major: u64,
+    minor: u64,
+}
+
+enum Work {
+    Map {
+        plan: EpochPlan,
+        /// Task `t` covers batches `tasks[t]`.
+        tasks: Vec<Range<usize>>,
+    },
+    Iter {
+        /// Shard read at each position of the epoch.
+        order: Vec<usize>,
+    },
+}
+
+impl Work {
+    fn majors(&self) -> u64 {
+        match self {
+            Work::Map { tasks, .. } => tasks.len() as u64,
+            Work::Iter { order } => order.len() as u64,
+        }
+    }
+}
+
+struct EpochRun {
+    epoch: u64,
+    work: Work,
+    cancel: AtomicBool,
+    next_claim: AtomicU64,
+    consumer_next: AtomicU64,
+    est_task_bytes: AtomicUsize,
+    finished: Mutex<usize>,
+    finished_cv: Condvar,
+    total_workers: usize,
+}
+
+impl EpochRun {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
+    }
+    fn worker_finished(&self) {
+        let mut f = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        *f += 1;
+        self.finished_cv.notify_all();
+    }
+    fn wait_finished(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut f = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        while *f < self.total_workers {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            f = match self.finished_cv.wait_timeout(f, deadline - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        true
+    }
+    fn note_bytes(&self, bytes: usize) {
+        let old = self.est_task_bytes.load(Ordering::Relaxed);
+        let new = if bytes >= old {
+            bytes
+        } else {
+            (old * 3 + bytes) / 4
+        };
+        self.est_task_bytes.store(new, Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+struct TaskLog {
+    skipped: Vec<SampleError>,
+    fail: Option<SampleError>,
+    retries: u64,
+}
+
+struct TaskMsg {
+    key: Key,
+    last: bool,
+    batches: Vec<Vec<Sample>>,
+    log: TaskLog,
+    lease: Lease,
+}
+
+struct TaskOut {
+    key: Key,
+    last: bool,
+    batches: Vec<Batch>,
+    log: TaskLog,
+}
+
+enum Out {
+    Next(flume::Sender<TaskMsg>),
+    Final(flume::Sender<TaskOut>),
+}
+
+struct Job {
+    run: Arc<EpochRun>,
+    input: Option<flume::Receiver<TaskMsg>>,
+    out: Out,
+}
+
+/// Per-task counters, flushed to the shared metrics once per task.
+struct LocalStats {
+    samples: Vec<u64>,
+    timed_ns: Vec<u64>,
+    timed_n: Vec<u64>,
+    errors: Vec<u64>,
+    skipped: Vec<u64>,
+    retries: Vec<u64>,
+}
+
+impl LocalStats {
+    fn new(n: usize) -> Self {
+        LocalStats {
+            samples: vec![0; n],
+            timed_ns: vec![0; n],
+            timed_n: vec![0; n],
+            errors: vec![0; n],
+            skipped: vec![0; n],
+            retries: vec![0; n],
+        }
+    }
+    fn flush(&mut self, shared: &Shared) {
+        for i in 0..self.samples.len() {
+            let m = &shared.metrics[i];
+            if self.samples[i] > 0 {
+                m.samples.fetch_add(self.samples[i], Ordering::Relaxed);
+            }
+            if self.timed_n[i] > 0 {
+                let est = self.timed_ns[i] as u128
+                    * u128::from(self.samples[i].max(self.timed_n[i]))
+                    / u128::from(self.timed_n[i]);
+                m.busy_ns.fetch_add(est as u64, Ordering::Relaxed);
+            }
+            for (a, v) in [
+                (&m.errors, self.errors[i]),
+                (&m.skipped, self.skipped[i]),
+                (&m.retries, self.retries[i]),
+            ] {
+                if v > 0 {
+                    a.fetch_add(v, Ordering::Relaxed);
+                }
+            }
+            self.samples[i] = 0;
+            self.timed_ns[i] = 0;
+            self.timed_n[i] = 0;
+            self.errors[i] = 0;
+            self.skipped[i] = 0;
+            self.retries[i] = 0;
+        }
+    }
+}
+
+/// Stages slower than this per sample are timed on every sample.
+const SLOW_NS: u64 = 20_000;
+/// Fast stages are timed on one sample in this many.
+const TIME_STRIDE: usize = 16;
+
+struct Worker {
+    shared: Arc<Shared>,
+    seg: usize,
+    slot: usize,
+    stats: LocalStats,
+}
+
+enum Fate {
+    Skip(SampleError),
+    Fail(SampleError),
+}
+
+impl Worker {
+    fn run_job(&mut self, job: &Job) {
+        let run = &job.run;
+        if self.seg == 0 {
+            match &run.work {
+                Work::Map { plan, tasks } => self.run_map_source(job, plan, tasks),
+                Work::Iter { order } => self.run_iter_source(job, order),
+            }
+        } else if let Some(input) = &job.input {
+            while let Ok(mut msg) = input.recv() {
+                if run.cancelled() {
+                    break;
+                }
+                let started = Instant::now();
+                self.process_batches(run, &mut msg.batches, &mut msg.log, 0);
+                let ok = self.forward(job, msg, started);
+                if !ok {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn admit(&self, run: &EpochRun, major: u64) -> bool {
+        let budget = &self.shared.budget;
+        let window = self.shared.window;
+        budget.wait_until(&run.cancel, || {
+            let next = run.consumer_next.load(Ordering::Acquire);
+            major <= next
+                || (major < next + window
+                    && budget.fits(run.est_task_bytes.load(Ordering::Relaxed)))
+        })
+    }
+
+    fn run_map_source(&mut self, job: &Job, plan: &EpochPlan, tasks: &[Range<usize>]) {
+        let run = &job.run;
+        loop {
+            if run.cancelled() {
+                return;
+            }
+            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
+            if t >= tasks.len() as u64 || !self.admit(run, t) {
+                return;
+            }
+            let started = Instant::now();
+            let range = tasks[t as usize].clone();
+            let mut msg = TaskMsg {
+                key: Key { major: t, minor: 0 },
+                last: true,
+                batches: Vec::with_capacity(range.len()),
+                log: TaskLog::default(),
+                lease: self.shared.budget.lease(0),
+            };
+            let mut k = 0usize;
+            'batches: for b in range {
+                let idxs = plan.batch(b);
+                let mut samples = Vec::with_capacity(idxs.len());
+                for &idx in idxs {
+                    let timed = k % TIME_STRIDE == 0;
+                    k += 1;
+                    match self.read_and_process(run, idx, timed, &mut msg.log) {
+                        Ok(s) => samples.push(s),
+                        Err(Fate::Skip(e)) => msg.log.skipped.push(e),
+                        Err(Fate::Fail(e)) => {
+                            msg.log.fail = Some(e);
+                            break 'batches;
+                        }
+                    }
+                    if run.cancelled() {
+                        return;
+                    }
+                }
+                msg.batches.push(samples);
+            }
+            if !self.forward(job, msg, started) {
+                return;
+            }
+        }
+    }
+
+    fn run_iter_source(&mut self, job: &Job, order: &[usize]) {
+        let run = &job.run;
+        let shared = Arc::clone(&self.shared);
+        let ErasedSource::Iter { key, open, .. } = &shared.source else {
+            return;
+        };
+        let bs = self.shared.cfg.batch_size;
+        loop {
+            if run.cancelled() {
+                return;
+            }
+            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
+            if t >= order.len() as u64 || !self.admit(run, t) {
+                return;
+            }
+            let shard = order[t as usize];
+            let mut started = Instant::now();
+            let mut part = 0u64;
+            let new_msg = |part: u64, budget: &Arc<ByteBudget>| TaskMsg {
+                key: Key {
+                    major: t,
+                    minor: part,
+                },
+                last: false,
+                batches: vec![Vec::with_capacity(bs)],
+                log: TaskLog::default(),
+                lease: budget.lease(0),
+            };
+            let mut msg = new_msg(part, &self.shared.budget);
+            let policy = self.shared.cfg.policy;
+            let mut opened = None;
+            for attempt in 0..=policy.attempts() {
+                match open(shard) {
+                    Ok(it) => {
+                        opened = Some(it);
+                        break;
+                    }
+                    Err(e) => {
+                        self.stats.errors[0] += 1;
+                        if attempt < policy.attempts() {
+                            msg.log.retries += 1;
+                            self.stats.retries[0] += 1;
+                            std::thread::sleep(policy.backoff(attempt + 1));
+                        } else {
+                            let mut err =
+                                SampleError::from_box(None, Some(key(shard)), "source", &e);
+                            err.attempts = attempt + 1;
+                            if policy.skips() {
+                                self.stats.skipped[0] += 1;
+                                msg.log.skipped.push(err);
+                            } else {
+                                msg.log.fail = Some(err);
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(it) = opened {
+                for (pos, item) in it.enumerate() {
+                    if run.cancelled() {
+                        return;
+                    }
+                    let idx = stream_index(shard, pos as u64);
+                    let timed = pos % TIME_STRIDE == 0;
+                    let t_read = timed.then(Instant::now);
+                    let sample = match item {
+                        Ok(put) => {
+                            let mut s = Sample::new(idx);
+                            put(&mut s);
+                            self.stats.samples[0] += 1;
+                            if let Some(t0) = t_read {
+                                self.stats.timed_ns[0] += t0.elapsed().as_nanos() as u64;
+                                self.stats.timed_n[0] += 1;
+                            }
+                            s
+                        }
+                        Err(e) => {
+                            self.stats.errors[0] += 1;
+                            let err = SampleError::from_box(
+                                Some(idx),
+                                self.shared.source.key_of(idx),
+                                "source",
+                                &e,
+                            );
+                            if policy.skips() {
+                                self.stats.skipped[0] += 1;
+                                msg.log.skipped.push(err);
+                                continue;
+                            }
+                            msg.log.fail = Some(err);
+                            break;
+                        }
+                    };
+                    let mut s = sample;
+                    match self.apply(run, &mut s, self.seg_stages(), timed, &mut msg.log) {
+                        Ok(()) => msg.batches[0].push(s),
+                        Err(Fate::Skip(e)) => msg.log.skipped.push(e),
+                        Err(Fate::Fail(e)) => {
+                            msg.log.fail = Some(e);
+                            break;
+                        }
+                    }
+                    if msg.batches[0].len() == bs {
+                        let full =
+                            std::mem::replace(&mut msg, new_msg(part + 1, &self.shared.budget));
+                        if !self.forward(job, full, started) {
+                            return;
+                        }
+                        part += 1;
+                        started = Instant::now();
+                        if !self.admit_part(run, t) {
+                            return;
+                        }
+                    }
+                }
+            }
+            msg.last = true;
+            if msg.log.fail.is_some()
+                || msg.batches[0].is_empty()
+                || (self.shared.cfg.drop_last && msg.batches[0].len() < bs)
+            {
+                msg.batches.clear();
+            }
+            if !self.forward(job, msg, started) {
+                return;
+            }
+        }
+    }
+
+    fn admit_part(&self, run: &EpochRun, major: u64) -> bool {
+        let budget = &self.shared.budget;
+        budget.wait_until(&run.cancel, || {
+            major <= run.consumer_next.load(Ordering::Acquire)
+                || budget.fits(run.est_task_bytes.load(Ordering::Relaxed))
+        })
+    }
+
+    fn seg_stages(&self) -> Range<usize> {
+        self.shared.segments[self.seg].stages.clone()
+    }
+
+    fn read_and_process(
+        &mut self,
+        run: &EpochRun,
+        idx: u64,
+        timed: bool,
+        log: &mut TaskLog,
+    ) -> Result<Sample, Fate> {
+        let ErasedSource::Map { len, get, .. } = &self.shared.source else {
+            unreachable!("map tasks come from map sources")
+        };
+        let policy = self.shared.cfg.policy;
+        let mut sample = Sample::new(idx);
+        let mut attempt = 0u32;
+        loop {
+            let t0 = timed.then(Instant::now);
+            let r = if idx < *len {
+                catch_unwind(AssertUnwindSafe(|| get(idx, &mut sample)))
+                    .map_err(|p| crate::stage::panic_message(p.as_ref()))
+            } else {
+                Ok(Err(
+                    format!("index {idx} is past the end (length {len})").into()
+                ))
+            };
+            if let Some(t0) = t0 {
+                self.stats.timed_ns[0] += t0.elapsed().as_nanos() as u64;
+                self.stats.timed_n[0] += 1;
+            }
+            let kind = match r {
+                Ok(Ok(())) => {
+                    self.stats.samples[0] += 1;
+                    break;
+                }
+                Ok(Err(e)) => ErrorKind::Failed(crate::error::error_chain(e.as_ref())),
+                Err(msg) => ErrorKind::Panicked(msg),
+            };
+            self.stats.errors[0] += 1;
+            if attempt < policy.attempts() {
+                attempt += 1;
+                log.retries += 1;
+                self.stats.retries[0] += 1;
+                std::thread::sleep(policy.backoff(attempt));
+                continue;
+            }
+            let err = SampleError {
+                index: Some(idx),
+                path: self.shared.source.key_of(idx),
+                stage: "source".into(),
+                kind,
+                attempts: attempt + 1,
+            };
+            return Err(if policy.skips() {
+                self.stats.skipped[0] += 1;
+                Fate::Skip(err)
+            } else {
+                Fate::Fail(err)
+            });
+        }
+        self.apply(run, &mut sample, self.seg_stages(), timed, log)?;
+        Ok(sample)
+    }
+
+    /// Runs stages `range` on one sample under their error policies.
+    fn apply(
+        &mut self,
+        run: &EpochRun,
+        sample: &mut Sample,
+        range: Range<usize>,
+        timed: bool,
+        log: &mut TaskLog,
+    ) -> Result<(), Fate> {
+        let shared = Arc::clone(&self.shared);
+        for i in range {
+            let node = &shared.stages[i];
+            let m = i + 1;
+            let policy = node.opts.on_error.unwrap_or(shared.cfg.policy);
+            let attempts = policy.attempts();
+            let mut attempt = 0u32;
+            let time_it = timed || shared.slow[m].load(Ordering::Relaxed);
+            loop {
+                let ctx = StageCtx {
+                    index: sample.index(),
+                    epoch: run.epoch,
+                    seed: shared.cfg.seed,
+                    salt: node.salt,
+                    attempt,
+                    cancel: &run.cancel,
+                };
+                let watch = node.opts.timeout.is_some();
+                let t0 = (time_it || watch).then(Instant::now);
+                if watch {
+                    let slot = &shared.slots[self.slot];
+                    slot.stage.store(i, Ordering::Relaxed);
+                    slot.index.store(sample.index(), Ordering::Relaxed);
+                    let since = t0.map_or(1, |t| t.duration_since(shared.t0).as_nanos() as u64 + 1);
+                    slot.since_ns.store(since, Ordering::Release);
+                }
+                let r = (node.run)(sample, &ctx, attempt < attempts);
+                if watch {
+                    shared.slots[self.slot].since_ns.store(0, Ordering::Release);
+                }
+                if let Some(t0) = t0.filter(|_| time_it) {
+                    let dt = t0.elapsed().as_nanos() as u64;
+                    self.stats.timed_ns[m] += dt;
+                    self.stats.timed_n[m] += 1;
+                    shared.metrics[m].latency.record(dt);
+                    let slow = dt >= SLOW_NS;
+                    if slow != shared.slow[m].load(Ordering::Relaxed) {
+                        shared.slow[m].store(slow, Ordering::Relaxed);
+                    }
+                }
+                let kind = match r {
+                    Ok(()) => {
+                        self.stats.samples[m] += 1;
+                        break;
+                    }
+                    Err(StageFail::Missing(c)) => ErrorKind::MissingComponent(c.short_name()),
+                    Err(StageFail::Error(e)) => {
+                        ErrorKind::Failed(crate::error::error_chain(e.as_ref()))
+                    }
+                    Err(StageFail::Panic(p)) => ErrorKind::Panicked(p),
+                };
+                self.stats.errors[m] += 1;
+                let retriable = !matches!(kind, ErrorKind::MissingComponent(_));
+                if retriable && attempt < attempts && !run.cancelled() {
+                    attempt += 1;
+                    log.retries += 1;
+                    self.stats.retries[m] += 1;
+                    std::thread::sleep(policy.backoff(attempt));
+                    continue;
+                }
+                let err = SampleError {
+                    index: Some(sample.index()),
+                    path: shared.source.key_of(sample.index()),
+                    stage: node.name.clone(),
+                    kind,
+                    attempts: attempt + 1,
+                };
+                return Err(if policy.skips() {
+                    self.stats.skipped[m] += 1;
+                    Fate::Skip(err)
+                } else {
+                    Fate::Fail(err)
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs this segment's stages over every sample of a task (segments
+    /// after the first).
+    fn process_batches(
+        &mut self,
+        run: &EpochRun,
+        batches: &mut Vec<Vec<Sample>>,
+        log: &mut TaskLog,
+        mut k: usize,
+    ) {
+        let range = self.seg_stages();
+        for b in 0..batches.len() {
+            let samples = std::mem::take(&mut batches[b]);
+            let mut kept = Vec::with_capacity(samples.len());
+            for mut s in samples {
+                let timed = k % TIME_STRIDE == 0;
+                k += 1;
+                match self.apply(run, &mut s, range.clone(), timed, log) {
+                    Ok(()) => kept.push(s),
+                    Err(Fate::Skip(e)) => log.skipped.push(e),
+                    Err(Fate::Fail(e)) => {
+                        // Batches from here on are incomplete: the epoch ends
+                        // with this error, which precedes any earlier-seen one.
+                        log.fail = Some(e);
+                        batches.truncate(b);
+                        return;
+                    }
+                }
+            }
+            batches[b] = kept;
+        }
+    }
+
+    /// Accounts the task's bytes and passes it on (collating it in the last
+    /// segment). Returns false when the receiver is gone.
+    fn forward(&mut self, job: &Job, mut msg: TaskMsg, started: Instant) -> bool {
+        let run = &job.run;
+        let bytes: usize = msg
+            .batches
+            .iter()
+            .flat_map(|b| b.iter())
+            .map(|s| s.nbytes())
+            .sum();
+        msg.lease.resize(bytes);
+        run.note_bytes(bytes);
+        let ok = match &job.out {
+            Out::Next(tx) => {
+                self.stats.flush(&self.shared);
+                tx.send(msg).is_ok()
+            }
+            Out::Final(tx) => {
+                let out = self.collate(msg);
+                self.stats.flush(&self.shared);
+                tx.send(out).is_ok()
+            }
+        };
+        let _ = started;
+        ok
+    }
+
+    fn collate(&mut self, msg: TaskMsg) -> TaskOut {
+        let shared = Arc::clone(&self.shared);
+        let TaskMsg {
+            key,
+            last,
+            batches,
+            mut log,
+            lease,
+        } = msg;
+        let m = shared.stages.len() + 1;
+        let policy = match shared.cfg.policy {
+            ErrorPolicy::Retry {
+                then: RetryThen::Skip,
+                ..
+            } => ErrorPolicy::Skip,
+            ErrorPolicy::Retry { .. } => ErrorPolicy::Fail,
+            p => p,
+        };
+        let mut out = Vec::with_capacity(batches.len());
+        let n_batches = batches.len();
+        for (bi, mut samples) in batches.into_iter().enumerate() {
+            loop {
+                if samples.is_empty() {
+                    break;
+                }
+                let t0 = Instant::now();
+                let r = catch_unwind(AssertUnwindSafe(|| shared.collate.collate(&mut samples)));
+                let dt = t0.elapsed().as_nanos() as u64;
+                self.stats.timed_ns[m] += dt;
+                self.stats.timed_n[m] += samples.len() as u64;
+                shared.metrics[m]
+                    .latency
+                    .record(dt / samples.len().max(1) as u64);
+                let (pos, kind) = match r {
+                    Ok(Ok(mut batch)) => {
+                        self.stats.samples[m] += samples.len() as u64;
+                        batch.set_indices(samples.iter().map(|s| s.index()).collect());
+                        batch.lease = Some(shared.budget.lease(batch.nbytes()));
+                        out.push(batch);
+                        break;
+                    }
+                    Ok(Err(e)) => (e.sample, ErrorKind::Failed(e.message)),
+                    Err(p) => (
+                        None,
+                        ErrorKind::Panicked(crate::stage::panic_message(p.as_ref())),
+                    ),
+                };
+                self.stats.errors[m] += 1;
+                let culprits: Vec<usize> = match pos {
+                    Some(p) if p < samples.len() => vec![p],
+                    _ => (0..samples.len()).collect(),
+                };
+                let errs: Vec<SampleError> = culprits
+                    .iter()
+                    .map(|&p| SampleError {
+                        index: Some(samples[p].index()),
+                        path: shared.source.key_of(samples[p].index()),
+                        stage: "collate".into(),
+                        kind: kind.clone(),
+                        attempts: 1,
+                    })
+                    .collect();
+                if policy.skips() {
+                    self.stats.skipped[m] += errs.len() as u64;
+                    log.skipped.extend(errs);
+                    for &p in culprits.iter().rev() {
+                        samples.remove(p);
+                    }
+                    continue;
+                }
+                log.fail = errs.into_iter().next();
+                let _ = n_batches;
+                drop(lease);
+                return TaskOut {
+                    key,
+                    last,
+                    batches: out,
+                    log,
+                };
+            }
+            let _ = bi;
+        }
+        drop(lease);
+        TaskOut {
+            key,
+            last,
+            batches: out,
+            log,
+        }
+    }
+}
+
+fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiver<Job>) {
+    let n = shared.stages.len() + 2;
+    let mut worker = Worker {
+        shared,
+        seg,
+        slot,
+        stats: LocalStats::new(n),
+    };
+    while let Ok(job) = ctrl.recv() {
+        let run = Arc::clone(&job.run);
+        let result = catch_unwind(AssertUnwindSafe(|| worker.run_job(&job)));
+        worker.stats.flush(&worker.shared);
+        drop(job);
+        if result.is_err() {
+            // An engine bug: stop the epoch; the consumer reports it.
+            run.cancel.store(true, Ordering::Release);
+        }
+        run.worker_finished();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The pipeline
+
+/// A built pipeline: worker pools that live across epochs.
+pub struct Pipeline {
+    shared: Arc<Shared>,
+    ctrl: Vec<flume::Sender<Job>>,
+    handles: Vec<JoinHandle<()>>,
+    last_run: Mutex<Option<Arc<EpochRun>>>,
+    poisoned: Mutex<Option<String>>,
+    last_summary: Mutex<Option<EpochSummary>>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("workers", &self.workers())
+            .finish()
+    }
+}
+
+impl Pipeline {
+    pub(crate) fn start(shared: Arc<Shared>) -> Result<Pipeline, BuildError> {
+        let mut ctrl = Vec::new();
+        let mut handles = Vec::new();
+        let mut slot = 0;
+        for (seg, s) in shared.segments.iter().enumerate() {
+            let names: Vec<&str> = shared.stages[s.stages.clone()]
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect();
+            let label = if names.is_empty() {
+                "source".to_string()
+            } else {
+                names.join("+")
+            };
+            for w in 0..s.workers {
+                let (tx, rx) = flume::unbounded();
+                let sh = Arc::clone(&shared);
+                let h = std::thread::Builder::new()
+                    .name(format!("ff-{label}-{w}"))
+                    .spawn(move || worker_main(sh, seg, slot, rx))
+                    .map_err(|e| {
+                        BuildError::Invalid(format!("cannot start a worker thread: {e}"))
+                    })?;
+                ctrl.push(tx);
+                handles.push(h);
+                slot += 1;
+            }
+        }
+        Ok(Pipeline {
+            shared,
+            ctrl,
+            handles,
+            last_run: Mutex::new(None),
+            poisoned: Mutex::new(None),
+            last_summary: Mutex::new(None),
+        })
+    }
+
+    /// Dataset length for a map-style source.
+    pub fn len(&self) -> Option<u64> {
+        match &self.shared.source {
+            ErasedSource::Map { len, .. } => Some(*len),
+            ErasedSource::Iter { .. } => None,
+        }
+    }
+
+    /// Whether a map-style source is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
+    }
+
+    /// The byte budget (its `peak()` is the high-water mark).
+    pub fn budget(&self) -> &ByteBudget {
+        &self.shared.budget
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.shared.cfg.seed
+    }
+
+    /// `(stage name, workers)` for the source and every stage.
+    pub fn workers(&self) -> Vec<(String, usize)> {
+        let mut v = vec![("source".to_string(), self.shared.segments[0].workers)];
+        for seg in &self.shared.segments {
+            for i in seg.stages.clone() {
+                v.push((self.shared.stages[i].name.clone(), seg.workers));
+            }
+        }
+        v
+    }
+
+    /// The plan of `epoch` (map-style sources), as the sampler makes it.
+    pub fn plan(&self, epoch: u64) -> Option<Result<EpochPlan, BoxError>> {
+        match &self.shared.source {
+            ErasedSource::Map { len, .. } => {
+                Some(self.shared.sampler.plan(*len, self.shared.cfg.seed, epoch))
+            }
+            ErasedSource::Iter { .. } => None,
+        }
+    }
+
+    /// Runs epoch `epoch`: an iterator over its batches. Dropping the
+    /// iterator abandons the epoch; the next one starts clean.
+    pub fn epoch(&self, epoch: u64) -> EpochIter<'_> {
+        let start = Instant::now();
+        // The previous run must be idle before its workers take new jobs.
+        let previous = self
+            .last_run
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let poisoned = self
+            .poisoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(msg) = poisoned {
+            if let Some(prev) = previous {
+                prev.cancel.store(true, Ordering::Release);
+            }
+            return EpochIter::failed(self, epoch, pipeline_error(msg));
+        }
+        if let Some(prev) = previous {
+            prev.cancel.store(true, Ordering::Release);
+            if !prev.wait_finished(Duration::from_secs(30)) {
+                self.poison("a worker did not stop after the previous epoch".into());
+            }
+        }
+        if let Some(msg) = self
+            .poisoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return EpochIter::failed(self, epoch, pipeline_error(msg));
+        }
+        let cfg = &self.shared.cfg;
+        let work = match &self.shared.source {
+            ErasedSource::Map { len, .. } => {
+                match self.shared.sampler.plan(*len, cfg.seed, epoch) {
+                    Ok(plan) => {
+                        let mut tasks = Vec::new();
+                        let mut begin = 0;
+                        let mut count = 0;
+                        for b in 0..plan.num_batches() {
+                            count += plan.batch(b).len();
+                            if count >= cfg.min_task_samples {
+                                tasks.push(begin..b + 1);
+                                begin = b + 1;
+                                count = 0;
+                            }
+                        }
+                        if begin < plan.num_batches() {
+                            tasks.push(begin..plan.num_batches());
+                        }
+                        Work::Map { plan, tasks }
+                    }
+                    Err(e) => {
+                        return EpochIter::failed(
+                            self,
+                            epoch,
+                            SampleError::from_box(None, None, "sampler", &e),
+                        )
+                    }
+                }
+            }
+            ErasedSource::Iter { shards, .. } => {
+                let order = if cfg.shuffle {
+                    permutation(*shards as u64, cfg.seed, epoch)
+                        .into_iter()
+                        .map(|s| s as usize)
+                        .collect()
+                } else {
+                    (0..*shards).collect()
+                };
+                Work::Iter { order }
+            }
+        };
+        let run = Arc::new(EpochRun {
+            epoch,
+            work,
+            cancel: AtomicBool::new(false),
+            next_claim: AtomicU64::new(0),
+            consumer_next: AtomicU64::new(0),
+            est_task_bytes: AtomicUsize::new(0),
+            finished: Mutex::new(0),
+            finished_cv: Condvar::new(),
+            total_workers: self.ctrl.len(),
+        });
+        let segs = &self.shared.segments;
+        let (final_tx, final_rx) = flume::bounded::<TaskOut>(self.shared.window as usize);
+        let mut links = Vec::new();
+        for s in segs.iter().skip(1) {
+            links.push(flume::bounded::<TaskMsg>((2 * s.workers).max(2)));
+        }
+        let mut w = 0;
+        for (si, s) in segs.iter().enumerate() {
+            for _ in 0..s.workers {
+                let out = if si + 1 < segs.len() {
+                    Out::Next(links[si].0.clone())
+                } else {
+                    Out::Final(final_tx.clone())
+                };
+                let input = (si > 0).then(|| links[si - 1].1.clone());
+                let job = Job {
+                    run: Arc::clone(&run),
+                    input,
+                    out,
+                };
+                if self.ctrl[w].send(job).is_err() {
+                    self.poison("a worker thread has exited".into());
+                    run.cancel.store(true, Ordering::Release);
+                }
+                w += 1;
+            }
+        }
+        drop(final_tx);
+        drop(links);
+        *self.last_run.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&run));
+        let majors = run.work.majors();
+        let batches_hint = match &run.work {
+            Work::Map { plan, .. } => Some(plan.num_batches()),
+            Work::Iter { .. } => None,
+        };
+        EpochIter {
+            pipeline: self,
+            run: Some(run),
+            rx: Some(final_rx),
+            ready: VecDeque::new(),
+            pending_err: None,
+            reorder: BTreeMap::new(),
+            next_key: Key { major: 0, minor: 0 },
+            parts: HashMap::new(),
+            done_majors: 0,
+            majors,
+            finished: false,
+            summary: EpochSummary {
+                epoch,
+                ..Default::default()
+            },
+            start,
+            batches_hint,
+        }
+    }
+
+    fn poison(&self, msg: String) {
+        let mut p = self.poisoned.lock().unwrap_or_else(|e| e.into_inner());
+        if p.is_none() {
+            *p = Some(msg);
+        }
+    }
+
+    /// The summary of the last epoch that finished or was abandoned.
+    pub fn last_summary(&self) -> Option<EpochSummary> {
+        self.last_summary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Per-stage figures since the pipeline started or since
+    /// [`reset_metrics`](Self::reset_metrics).
+    pub fn stage_reports(&self) -> Vec<StageReport> {
+        let since = *self.metrics_since();
+        let wall = since.elapsed().as_nanos().max(1) as f64;
+        let workers = self.workers();
+        let n = self.shared.metrics.len();
+        (0..n)
+            .map(|i| {
+                let m = &self.shared.metrics[i];
+                let w = if i + 1 == n {
+                    self.shared.segments.last().map_or(1, |s| s.workers)
+                } else {
+                    workers.get(i).map_or(1, |x| x.1)
+                };
+                let busy = m.busy_ns.load(Ordering::Relaxed) as f64;
+                StageReport {
+                    name: self.shared.stage_name(i).to_string(),
+                    workers: w,
+                    samples: m.samples.load(Ordering::Relaxed),
+                    busy_fraction: (busy / (wall * w as f64)).min(1.0),
+                    mean_ms: m.latency.mean() / 1e6,
+                    p50_ms: m.latency.quantile(0.5) as f64 / 1e6,
+                    p99_ms: m.latency.quantile(0.99) as f64 / 1e6,
+                    errors: m.errors.load(Ordering::Relaxed),
+                    skipped: m.skipped.load(Ordering::Relaxed),
+                    retries: m.retries.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    fn metrics_since(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.shared
+            .metrics_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Clears the per-stage metrics and the budget's high-water mark.
+    pub fn reset_metrics(&self) {
+        for m in &self.shared.metrics {
+            m.reset();
+        }
+        self.shared.budget.reset_peak();
+        *self.metrics_since() = Instant::now();
+    }
+
+    /// Pulls sample `index` through the source and every stage in the
+    /// calling thread, recording each stage's components and time.
+    pub fn inspect(&self, index: u64, epoch: u64) -> Result<InspectReport, SampleError> {
+        self.inspect_with(index, epoch, |_, _| {})
+    }
+
+    /// Like [`inspect`](Self::inspect), calling `hook(stage, sample)` after
+    /// the source and after each stage.
+    pub fn inspect_with(
+        &self,
+        index: u64,
+        epoch: u64,
+        mut hook: impl FnMut(&str, &Sample),
+    ) -> Result<InspectReport, SampleError> {
+        let cancel = AtomicBool::new(false);
+        let t0 = Instant::now();
+        let mut sample = match &self.shared.source {
+            ErasedSource::Map { len, get, .. } => {
+                if index >= *len {
+                    return Err(SampleError {
+                        index: Some(index),
+                        path: None,
+                        stage: "source".into(),
+                        kind: ErrorKind::Failed(format!(
+                            "index {index} is past the end: the dataset has {len} samples"
+                        )),
+                        attempts: 1,
+                    });
+                }
+                let mut s = Sample::new(index);
+                get(index, &mut s).map_err(|e| {
+                    SampleError::from_box(
+                        Some(index),
+                        self.shared.source.key_of(index),
+                        "source",
+                        &e,
+                    )
+                })?;
+                s
+            }
+            ErasedSource::Iter {
+                shards, open, key, ..
+            } => {
+                let mut seen = 0u64;
+                let mut found = None;
+                'shards: for shard in 0..*shards {
+                    let it = open(shard)
+                        .map_err(|e| SampleError::from_box(None, Some(key(shard)), "source", &e))?;
+                    for (pos, item) in it.enumerate() {
+                        if seen == index {
+                            let idx = stream_index(shard, pos as u64);
+                            let put = item.map_err(|e| {
+                                SampleError::from_box(
+                                    Some(idx),
+                                    self.shared.source.key_of(idx),
+                                    "source",
+                                    &e,
+                                )
+                            })?;
+                            let mut s = Sample::new(idx);
+                            put(&mut s);
+                            found = Some(s);
+                            break 'shards;
+                        }
+                        seen += 1;
+                    }
+                }
+                found.ok_or_else(|| SampleError {
+                    index: Some(index),
+                    path: None,
+                    stage: "source".into(),
+                    kind: ErrorKind::Failed(format!(
+                        "index {index} is past the end: the stream has {seen} samples"
+                    )),
+                    attempts: 1,
+                })?
+            }
+        };
+        let mut steps = vec![InspectStep {
+            stage: "source".into(),
+            seconds: t0.elapsed().as_secs_f64(),
+            components: describe(&sample),
+        }];
+        hook("source", &sample);
+        for node in &self.shared.stages {
+            let ctx = StageCtx {
+                index: sample.index(),
+                epoch,
+                seed: self.shared.cfg.seed,
+                salt: node.salt,
+                attempt: 0,
+                cancel: &cancel,
+            };
+            let t = Instant::now();
+            let r = (node.run)(&mut sample, &ctx, false);
+            let kind = match r {
+                Ok(()) => None,
+                Err(StageFail::Missing(c)) => Some(ErrorKind::MissingComponent(c.short_name())),
+                Err(StageFail::Error(e)) => {
+                    Some(ErrorKind::Failed(crate::error::error_chain(e.as_ref())))
+                }
+                Err(StageFail::Panic(p)) => Some(ErrorKind::Panicked(p)),
+            };
+            if let Some(kind) = kind {
+                return Err(SampleError {
+                    index: Some(sample.index()),
+                    path: self.shared.source.key_of(sample.index()),
+                    stage: node.name.clone(),
+                    kind,
+                    attempts: 1,
+                });
+            }
+            steps.push(InspectStep {
+                stage: node.name.clone(),
+                seconds: t.elapsed().as_secs_f64(),
+                components: describe(&sample),
+            });
+            hook(&node.name, &sample);
+        }
+        let t = Instant::now();
+        let idx = sample.index();
+        let mut one = vec![sample];
+        let batch = self
+            .shared
+            .collate
+            .collate(&mut one)
+            .map_err(|e| SampleError {
+                index: Some(idx),
+                path: self.shared.source.key_of(idx),
+                stage: "collate".into(),
+                kind: ErrorKind::Failed(e.message),
+                attempts: 1,
+            })?;
+        steps.push(InspectStep {
+            stage: "collate".into(),
+            seconds: t.elapsed().as_secs_f64(),
+            components: batch
+                .columns()
+                .map(|(n, t)| (n.to_string(), format!("{} {:?}", t.dtype(), t.shape())))
+                .collect(),
+        });
+        Ok(InspectReport {
+            index: idx,
+            path: self.shared.source.key_of(idx),
+            steps,
+        })
+    }
+}
+
+fn describe(s: &Sample) -> Vec<(String, String)> {
+    s.describe()
+        .into_iter()
+        .map(|(n, d)| (n.to_string(), d))
+        .collect()
+}
+
+fn pipeline_error(msg: String) -> SampleError {
+    SampleError {
+        index: None,
+        path: None,
+        stage: "pipeline".into(),
+        kind: ErrorKind::Pipeline(msg),
+        attempts: 1,
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        if let Some(run) = self
+            .last_run
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            run.cancel.store(true, Ordering::Release);
+        }
+        self.shared.budget.notify();
+        self.ctrl.clear();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut handles = std::mem::take(&mut self.handles);
+        while !handles.is_empty() && Instant::now() < deadline {
+            let (done, rest): (Vec<_>, Vec<_>) = handles.into_iter().partition(|h| h.is_finished());
+            for h in done {
+                let _ = h.join();
+            }
+            handles = rest;
+            if !handles.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if !handles.is_empty() {
+            tracing::warn!(
+                stuck = handles.len(),
+                "ferrofeed: worker threads stuck inside a stage were left running"
+            );
+        }
+    }
+}
+
+/// One stage's view in an [`InspectReport`].
+#[derive(Debug, Clone)]
+pub struct InspectStep {
+    /// `source`, a stage name, or `collate`.
+    pub stage: String,
+    /// Time the stage took, s.
+    pub seconds: f64,
+    /// `(component, summary)` after the stage (for `collate`: the columns).
+    pub components: Vec<(String, String)>,
+}
+
+/// One sample pulled through the pipeline by [`Pipeline::inspect`].
+#[derive(Debug, Clone)]
+pub struct InspectReport {
+    /// Dataset index.
+    pub index: u64,
+    /// Path or key.
+    pub path: Option<String>,
+    /// Source, each stage, collate.
+    pub steps: Vec<InspectStep>,
+}
+
+impl std::fmt::Display for InspectReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sample {}", self.index)?;
+        if let Some(p) = &self.path {
+            write!(f, " ({p})")?;
+        }
+        writeln!(f)?;
+        for s in &self.steps {
+            writeln!(f, "  [{}] {:.3} ms", s.stage, s.seconds * 1e3)?;
+            for (n, d) in &s.components {
+                writeln!(f, "      {n}: {d}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The consumer side
+
+/// The batches of one epoch, in sampler order unless the pipeline is
+/// `unordered`. Yields `Err` once for a failing sample under `Fail`, then ends.
+pub struct EpochIter<'p> {
+    pipeline: &'p Pipeline,
+    run: Option<Arc<EpochRun>>,
+    rx: Option<flume::Receiver<TaskOut>>,
+    ready: VecDeque<Batch>,
+    pending_err: Option<SampleError>,
+    reorder: BTreeMap<Key, TaskOut>,
+    next_key: Key,
+    parts: HashMap<u64, (u64, Option<u64>)>,
+    done_majors: u64,
+    majors: u64,
+    finished: bool,
+    summary: EpochSummary,
+    start: Instant,
+    batches_hint: Option<usize>,
+}
+
+enum Recv {
+    Msg(TaskOut),
+    Closed,
+    Error(SampleError),
+}
+
+impl<'p> EpochIter<'p> {
+    fn failed(pipeline: &'p Pipeline, epoch: u64, err: SampleError) -> Self {
+        EpochIter {
+            pipeline,
+            run: None,
+            rx: None,
+            ready: VecDeque::new(),
+            pending_err: Some(err),
+            reorder: BTreeMap::new(),
+            next_key: Key { major: 0, minor: 0 },
+            parts: HashMap::new(),
+            done_majors: 0,
+            majors: 0,
+            finished: false,
+            summary: EpochSummary {
+                epoch,
+                ..Default::default()
+            },
+            start: Instant::now(),
+            batches_hint: None,
+        }
+    }
+
+    /// Number of batches the plan holds (map-style sources), before skips.
+    pub fn batches_hint(&self) -> Option<usize> {
+        self.batches_hint
+    }
+
+    /// What has been delivered and skipped so far.
+    pub fn summary(&self) -> &EpochSummary {
+        &self.summary
+    }
+
+    fn recv(&mut self) -> Recv {
+        let Some(rx) = &self.rx else {
+            return Recv::Closed;
+        };
+        let shared = &self.pipeline.shared;
+        if !shared.has_timeouts {
+            return match rx.recv() {
+                Ok(m) => Recv::Msg(m),
+                Err(_) => Recv::Closed,
+            };
+        }
+        loop {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(m) => return Recv::Msg(m),
+                Err(flume::RecvTimeoutError::Disconnected) => return Recv::Closed,
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    let now = shared.t0.elapsed().as_nanos() as u64;
+                    for slot in &shared.slots {
+                        let since = slot.since_ns.load(Ordering::Acquire);
+                        if since == 0 {
+                            continue;
+                        }
+                        let i = slot.stage.load(Ordering::Relaxed);
+                        let Some(node) = shared.stages.get(i) else {
+                            continue;
+                        };
+                        let Some(limit) = node.opts.timeout else {
+                            continue;
+                        };
+                        let ran = Duration::from_nanos(now.saturating_sub(since - 1));
+                        if ran > limit {
+                            let index = slot.index.load(Ordering::Relaxed);
+                            self.pipeline.poison(format!(
+                                "a worker is stuck in stage `{}` (sample {index})",
+                                node.name
+                            ));
+                            return Recv::Error(SampleError {
+                                index: Some(index),
+                                path: shared.source.key_of(index),
+                                stage: node.name.clone(),
+                                kind: ErrorKind::TimedOut(limit),
+                                attempts: 1,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn absorb(&mut self, out: TaskOut) {
+        let major = out.key.major;
+        // Progress bookkeeping (drives admission of new tasks).
+        let entry = self.parts.entry(major).or_insert((0, None));
+        entry.0 += 1;
+        if out.last {
+            entry.1 = Some(out.key.minor + 1);
+        }
+        if entry.1 == Some(entry.0) {
+            self.parts.remove(&major);
+            self.done_majors += 1;
+        }
+        if self.pipeline.shared.cfg.ordered {
+            self.next_key = if out.last {
+                Key {
+                    major: major + 1,
+                    minor: 0,
+                }
+            } else {
+                Key {
+                    major,
+                    minor: out.key.minor + 1,
+                }
+            };
+        }
+        let low = if self.pipeline.shared.cfg.ordered {
+            self.next_key.major
+        } else {
+            // The lowest major not complete.
+            let mut low = self.parts.keys().copied().min().unwrap_or(u64::MAX);
+            if self.parts.is_empty() {
+                low = self.done_majors;
+            }
+            low.min(self.done_majors.max(low))
+        };
+        if let Some(run) = &self.run {
+            run.consumer_next.store(low, Ordering::Release);
+        }
+        self.pipeline.shared.budget.notify();
+        self.summary.retries += out.log.retries;
+        self.summary.skipped.extend(out.log.skipped);
+        for b in out.batches {
+            self.ready.push_back(b);
+        }
+        if let Some(e) = out.log.fail {
+            self.pending_err = Some(e);
+        }
+    }
+
+    fn finish(&mut self, completed: bool) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.summary.completed = completed;
+        self.summary.seconds = self.start.elapsed().as_secs_f64();
+        if let Some(run) = &self.run {
+            if !completed {
+                run.cancel.store(true, Ordering::Release);
+                self.pipeline.shared.budget.notify();
+            }
+        }
+        self.rx = None;
+        self.reorder.clear();
+        *self
+            .pipeline
+            .last_summary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(self.summary.clone());
+    }
+}
+
+impl Iterator for EpochIter<'_> {
+    type Item = Result<Batch, SampleError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(b) = self.ready.pop_front() {
+                self.summary.batches += 1;
+                self.summary.samples += b.len() as u64;
+                return Some(Ok(b));
+            }
+            if let Some(e) = self.pending_err.take() {
+                self.finish(false);
+                return Some(Err(e));
+            }
+            if self.finished {
+                return None;
+            }
+            if self.done_majors >= self.majors && self.parts.is_empty() {
+                self.finish(true);
+                return None;
+            }
+            if self.pipeline.shared.cfg.ordered {
+                if let Some(out) = self.reorder.remove(&self.next_key) {
+                    self.absorb(out);
+                    continue;
+                }
+            }
+            let waited = Instant::now();
+            let r = self.recv();
+            self.summary.wait_seconds += waited.elapsed().as_secs_f64();
+            match r {
+                Recv::Msg(out) => {
+                    if self.pipeline.shared.cfg.ordered && out.key != self.next_key {
+                        self.reorder.insert(out.key, out);
+                    } else {
+                        self.absorb(out);
+                    }
+                }
+                Recv::Error(e) => self.pending_err = Some(e),
+                Recv::Closed => {
+                    let cancelled = self.run.as_ref().is_some_and(|r| r.cancelled());
+                    let msg = if cancelled {
+                        "the epoch was cancelled".to_string()
+                    } else {
+                        "a worker thread exited before the epoch ended".to_string()
+                    };
+                    if !cancelled {
+                        self.pipeline.poison(msg.clone());
+                    }
+                    self.pending_err = Some(pipeline_error(msg));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for EpochIter<'_> {
+    fn drop(&mut self) {
+        self.finish(false);
+    }
+}

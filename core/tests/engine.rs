@@ -1,0 +1,577 @@
+//! Engine behaviour a user relies on: plan checks, ordering, the byte budget,
+//! error policies, panics, early drop, pool reuse, timeouts, iterable sources.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrofeed_core::prelude::*;
+use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::{BuildError, ErrorKind};
+
+#[derive(Clone, Debug, PartialEq)]
+struct Val(i64);
+impl Component for Val {
+    fn nbytes(&self) -> usize {
+        8
+    }
+    fn describe(&self) -> String {
+        self.0.to_string()
+    }
+}
+impl Collatable for Val {
+    type Elem = i64;
+    fn shape(&self) -> Vec<usize> {
+        Vec::new()
+    }
+    fn write(&self, out: &mut [i64]) {
+        out[0] = self.0;
+    }
+}
+
+/// A component with a real payload, for budget tests.
+#[derive(Clone)]
+struct Blob(Vec<u8>);
+impl Component for Blob {
+    fn nbytes(&self) -> usize {
+        self.0.len()
+    }
+}
+impl Collatable for Blob {
+    type Elem = u8;
+    fn shape(&self) -> Vec<usize> {
+        vec![self.0.len()]
+    }
+    fn write(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.0);
+    }
+}
+
+fn vals(n: u64) -> FnSource<impl Fn(u64) -> Result<Val, BoxError> + Send + Sync> {
+    FnSource::new(n, |i| Ok(Val(i as i64)))
+}
+
+fn col(b: &Batch) -> Vec<i64> {
+    b.get("v").unwrap().as_slice::<i64>().unwrap().to_vec()
+}
+
+fn collect_all(p: &Pipeline, epoch: u64) -> Vec<i64> {
+    p.epoch(epoch).flat_map(|b| col(&b.unwrap())).collect()
+}
+
+#[test]
+fn builder_rejects_a_stage_reading_a_missing_component() {
+    let err = Pipeline::builder(vals(4))
+        .map("needs_blob", |b: Blob, _: &StageCtx| {
+            Ok::<_, BoxError>(Val(b.0.len() as i64))
+        })
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap_err();
+    match err {
+        BuildError::MissingComponent {
+            stage, component, ..
+        } => {
+            assert_eq!(stage, "needs_blob");
+            assert_eq!(component, "Blob");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn builder_rejects_reading_a_consumed_component() {
+    let err = Pipeline::builder(vals(4))
+        .map("to_blob", |v: Val, _: &StageCtx| {
+            Ok::<_, BoxError>(Blob(vec![v.0 as u8]))
+        })
+        .batch_size(2)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("stage `collate` reads component Val"), "{msg}");
+    assert!(msg.contains("`to_blob` already consumed"), "{msg}");
+}
+
+#[test]
+fn builder_rejects_bad_options() {
+    let c = || StackCollate::new().column::<Val>("v");
+    assert_eq!(
+        Pipeline::builder(vals(4))
+            .batch_size(0)
+            .collate(c())
+            .build()
+            .unwrap_err(),
+        BuildError::ZeroBatchSize
+    );
+    let zero = Pipeline::builder(vals(4))
+        .map_with(
+            "s",
+            StageOptions::new().workers(Parallelism::Fixed(0)),
+            |v: Val, _: &StageCtx| Ok::<_, BoxError>(v),
+        )
+        .collate(c())
+        .build()
+        .unwrap_err();
+    assert_eq!(zero, BuildError::ZeroWorkers("s".into()));
+    assert_eq!(
+        Pipeline::builder(vals(4)).build().unwrap_err(),
+        BuildError::NoCollate
+    );
+    assert_eq!(
+        Pipeline::builder(vals(4))
+            .max_bytes_in_flight(0)
+            .collate(c())
+            .build()
+            .unwrap_err(),
+        BuildError::ZeroBudget
+    );
+}
+
+fn jittery(workers: usize, seed: u64, shuffle: bool) -> Pipeline {
+    let delay = |tag: u64| {
+        move |v: Val, ctx: &StageCtx| {
+            // Pseudo-random per-sample delays scramble completion order.
+            let us = ferrofeed_core::rng::derive_seed(&[v.0 as u64, tag, ctx.epoch()]) % 300;
+            std::thread::sleep(Duration::from_micros(us));
+            Ok::<_, BoxError>(Val(v.0 * 3 + 1))
+        }
+    };
+    Pipeline::builder(vals(400))
+        .map_with(
+            "a",
+            StageOptions::new().workers(Parallelism::Fixed(workers)),
+            delay(1),
+        )
+        .map_with(
+            "b",
+            StageOptions::new().workers(Parallelism::Fixed(1)),
+            |v: Val, _: &StageCtx| Ok::<_, BoxError>(Val(v.0 - 1)),
+        )
+        .map_with(
+            "c",
+            StageOptions::new().workers(Parallelism::Fixed(workers + 1)),
+            delay(2),
+        )
+        .batch_size(7)
+        .min_task_samples(1)
+        .shuffle(shuffle)
+        .seed(seed)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn ordered_output_matches_sampler_order_under_random_delays() {
+    let p = jittery(4, 11, true);
+    let plan = p.plan(0).unwrap().unwrap();
+    let got = collect_all(&p, 0);
+    let want: Vec<i64> = plan
+        .indices
+        .iter()
+        .map(|&i| (i as i64 * 3) * 3 + 1)
+        .collect();
+    assert_eq!(got, want);
+    // Batch boundaries and indices follow the plan too.
+    let batches: Vec<Batch> = p.epoch(0).map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), plan.num_batches());
+    for (b, batch) in batches.iter().enumerate() {
+        assert_eq!(batch.indices(), plan.batch(b));
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_worker_count() {
+    let one = collect_all(&jittery(1, 5, true), 3);
+    let many = collect_all(&jittery(5, 5, true), 3);
+    assert_eq!(one, many);
+}
+
+#[test]
+fn unordered_mode_delivers_every_sample_once() {
+    let p = Pipeline::builder(vals(500))
+        .map_with(
+            "s",
+            StageOptions::new().workers(Parallelism::Fixed(4)),
+            |v: Val, _: &StageCtx| {
+                std::thread::sleep(Duration::from_micros((v.0 as u64 * 7919) % 200));
+                Ok::<_, BoxError>(v)
+            },
+        )
+        .batch_size(5)
+        .min_task_samples(1)
+        .unordered()
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let mut got = collect_all(&p, 0);
+    got.sort_unstable();
+    assert_eq!(got, (0..500).collect::<Vec<_>>());
+}
+
+#[test]
+fn byte_budget_bounds_what_is_in_flight() {
+    const SAMPLE: usize = 100_000;
+    const BUDGET: usize = 2_000_000;
+    let p = Pipeline::builder(vals(300))
+        .map_with(
+            "inflate",
+            StageOptions::new().workers(Parallelism::Fixed(4)),
+            |v: Val, _: &StageCtx| Ok::<_, BoxError>(Blob(vec![v.0 as u8; SAMPLE])),
+        )
+        .batch_size(4)
+        .min_task_samples(1)
+        .prefetch(64)
+        .max_bytes_in_flight(BUDGET)
+        .collate(StackCollate::new().column::<Blob>("blob"))
+        .build()
+        .unwrap();
+    let mut n = 0;
+    for b in p.epoch(0) {
+        let b = b.unwrap();
+        n += b.len();
+        // A slow consumer lets producers run ahead as far as they may.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(n, 300);
+    let peak = p.budget().peak();
+    // Admission waits while the expected next task does not fit; the
+    // overshoot is at most one task per worker racing the same check.
+    let task = 4 * SAMPLE + 64;
+    assert!(
+        peak <= BUDGET + 4 * task,
+        "peak {peak} over budget {BUDGET}"
+    );
+    assert!(peak >= 4 * SAMPLE, "the budget was used ({peak})");
+    assert_eq!(p.budget().used(), 0, "every byte is released at the end");
+}
+
+#[test]
+fn a_budget_smaller_than_one_batch_still_progresses() {
+    let p = Pipeline::builder(vals(20))
+        .map("inflate", |v: Val, _: &StageCtx| {
+            Ok::<_, BoxError>(Blob(vec![v.0 as u8; 1000]))
+        })
+        .batch_size(5)
+        .max_bytes_in_flight(10)
+        .collate(StackCollate::new().column::<Blob>("blob"))
+        .build()
+        .unwrap();
+    // Holding every batch: the next needed task is always admitted.
+    let held: Vec<Batch> = p.epoch(0).map(|b| b.unwrap()).collect();
+    assert_eq!(held.len(), 4);
+}
+
+fn failing_source(bad: &'static [u64]) -> impl Source<Output = Val> {
+    FnSource::new(100, move |i| {
+        if bad.contains(&i) {
+            Err(format!("cannot read item {i}").into())
+        } else {
+            Ok(Val(i as i64))
+        }
+    })
+}
+
+struct Keyed<S>(S);
+impl<S: Source> Source for Keyed<S> {
+    type Output = S::Output;
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn get(&self, i: u64) -> Result<S::Output, BoxError> {
+        self.0.get(i)
+    }
+    fn key(&self, i: u64) -> Option<String> {
+        Some(format!("file-{i}.bin"))
+    }
+}
+
+#[test]
+fn fail_policy_yields_the_error_once_then_stops() {
+    let p = Pipeline::builder(Keyed(failing_source(&[42])))
+        .batch_size(10)
+        .min_task_samples(1)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let items: Vec<Result<Batch, SampleError>> = p.epoch(0).collect();
+    assert_eq!(items.len(), 5, "four full batches, then the error");
+    for b in &items[..4] {
+        assert!(b.is_ok());
+    }
+    let err = items[4].as_ref().unwrap_err();
+    assert_eq!(err.index, Some(42));
+    assert_eq!(err.path.as_deref(), Some("file-42.bin"));
+    assert_eq!(err.stage, "source");
+    assert!(err.to_string().contains("cannot read item 42"));
+    let s = p.last_summary().unwrap();
+    assert!(!s.completed);
+    // The pipeline is reusable after a failed epoch.
+    assert_eq!(p.epoch(1).take(2).filter(|b| b.is_ok()).count(), 2);
+}
+
+#[test]
+fn skip_policy_reports_every_skipped_sample() {
+    let p = Pipeline::builder(Keyed(failing_source(&[3, 50, 99])))
+        .map("bad_stage", |v: Val, _: &StageCtx| {
+            if v.0 == 60 {
+                Err("stage rejects 60".into())
+            } else {
+                Ok::<_, BoxError>(v)
+            }
+        })
+        .batch_size(8)
+        .shuffle(true)
+        .on_error(ErrorPolicy::Skip)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let mut it = p.epoch(0);
+    let mut got: Vec<i64> = Vec::new();
+    for b in it.by_ref() {
+        got.extend(col(&b.unwrap()));
+    }
+    let s = it.summary().clone();
+    drop(it);
+    assert!(s.completed);
+    assert_eq!(
+        got.len() + s.skipped.len(),
+        100,
+        "delivered + skipped = total"
+    );
+    let mut skipped: Vec<u64> = s.skipped.iter().map(|e| e.index.unwrap()).collect();
+    skipped.sort_unstable();
+    assert_eq!(skipped, vec![3, 50, 60, 99]);
+    let e60 = s.skipped.iter().find(|e| e.index == Some(60)).unwrap();
+    assert_eq!(e60.stage, "bad_stage");
+    assert_eq!(e60.path.as_deref(), Some("file-60.bin"));
+}
+
+#[test]
+fn retry_recovers_transient_failures_and_counts_them() {
+    let tries = Arc::new(AtomicUsize::new(0));
+    let t2 = Arc::clone(&tries);
+    let p = Pipeline::builder(vals(30))
+        .map_with(
+            "flaky",
+            StageOptions::new().on_error(ErrorPolicy::Retry {
+                attempts: 3,
+                backoff: Duration::from_millis(1),
+                then: ferrofeed_core::error::RetryThen::Fail,
+            }),
+            move |v: Val, ctx: &StageCtx| {
+                t2.fetch_add(1, Ordering::Relaxed);
+                // Every 5th sample fails on its first two attempts.
+                if v.0 % 5 == 0 && ctx.attempt() < 2 {
+                    Err(format!("transient failure on {}", v.0).into())
+                } else {
+                    Ok::<_, BoxError>(v)
+                }
+            },
+        )
+        .batch_size(4)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let got = collect_all(&p, 0);
+    assert_eq!(got, (0..30).collect::<Vec<_>>());
+    let s = p.last_summary().unwrap();
+    assert_eq!(s.retries, 12, "6 samples × 2 retries");
+    assert_eq!(tries.load(Ordering::Relaxed), 30 + 12);
+}
+
+#[test]
+fn retries_exhausted_then_skip() {
+    let p = Pipeline::builder(vals(10))
+        .map("never", |v: Val, _: &StageCtx| {
+            if v.0 == 4 {
+                Err("always broken".into())
+            } else {
+                Ok::<_, BoxError>(v)
+            }
+        })
+        .on_error("retry:2:skip".parse().unwrap())
+        .batch_size(3)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let got = collect_all(&p, 0);
+    assert_eq!(got.len(), 9);
+    let s = p.last_summary().unwrap();
+    assert_eq!(s.skipped.len(), 1);
+    assert_eq!(s.skipped[0].attempts, 3);
+    assert_eq!(s.retries, 2);
+}
+
+#[test]
+fn a_panicking_stage_becomes_an_error_naming_it() {
+    let p = Pipeline::builder(vals(50))
+        .map("explodes", |v: Val, _: &StageCtx| {
+            if v.0 == 17 {
+                panic!("boom at 17");
+            }
+            Ok::<_, BoxError>(v)
+        })
+        .batch_size(5)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let err = p.epoch(0).find_map(|b| b.err()).unwrap();
+    assert_eq!(err.stage, "explodes");
+    assert_eq!(err.index, Some(17));
+    assert!(matches!(err.kind, ErrorKind::Panicked(ref m) if m.contains("boom at 17")));
+    // Pool threads survived the panic.
+    assert_eq!(p.epoch(1).filter(|b| b.is_err()).count(), 1);
+}
+
+#[test]
+fn a_stage_that_blocks_forever_times_out_with_its_name() {
+    let p = Pipeline::builder(vals(20))
+        .map_with(
+            "stuck",
+            StageOptions::new()
+                .workers(Parallelism::Fixed(2))
+                .timeout(Duration::from_millis(100)),
+            |v: Val, _: &StageCtx| {
+                if v.0 == 9 {
+                    // Blocks far longer than any test; the engine must not wait.
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+                Ok::<_, BoxError>(v)
+            },
+        )
+        .batch_size(2)
+        .min_task_samples(1)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let err = p.epoch(0).find_map(|b| b.err()).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(err.stage, "stuck");
+    assert_eq!(err.index, Some(9));
+    assert!(matches!(err.kind, ErrorKind::TimedOut(_)));
+    // The stuck worker cannot be reclaimed: later epochs say so instead of hanging.
+    let next = p.epoch(1).next().unwrap().unwrap_err();
+    assert!(next.to_string().contains("stuck"), "{next}");
+    let t = Instant::now();
+    drop(p);
+    assert!(t.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn an_empty_source_gives_an_empty_epoch() {
+    let p = Pipeline::builder(vals(0))
+        .batch_size(4)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    assert_eq!(p.epoch(0).count(), 0);
+    assert!(p.last_summary().unwrap().completed);
+}
+
+#[test]
+fn collate_errors_name_the_sample_and_skip_drops_only_it() {
+    let p = Pipeline::builder(vals(12))
+        .map("size", |v: Val, _: &StageCtx| {
+            let n = if v.0 == 5 { 3 } else { 2 };
+            Ok::<_, BoxError>(Blob(vec![0; n]))
+        })
+        .batch_size(4)
+        .on_error(ErrorPolicy::Skip)
+        .collate(StackCollate::new().column::<Blob>("blob"))
+        .build()
+        .unwrap();
+    let batches: Vec<Batch> = p.epoch(0).map(|b| b.unwrap()).collect();
+    assert_eq!(batches.iter().map(|b| b.len()).sum::<usize>(), 11);
+    let s = p.last_summary().unwrap();
+    assert_eq!(s.skipped.len(), 1);
+    assert_eq!(
+        (s.skipped[0].index, s.skipped[0].stage.as_str()),
+        (Some(5), "collate")
+    );
+}
+
+#[test]
+fn inspect_pulls_one_sample_through_every_stage() {
+    let p = Pipeline::builder(Keyed(vals(50)))
+        .map("double", |v: Val, _: &StageCtx| {
+            Ok::<_, BoxError>(Val(v.0 * 2))
+        })
+        .batch_size(4)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let r = p.inspect(42, 0).unwrap();
+    assert_eq!(r.path.as_deref(), Some("file-42.bin"));
+    let names: Vec<&str> = r.steps.iter().map(|s| s.stage.as_str()).collect();
+    assert_eq!(names, ["source", "double", "collate"]);
+    assert!(r.steps[1].components[0].1.contains("84"));
+    let past = p.inspect(50, 0).unwrap_err().to_string();
+    assert!(past.contains("the dataset has 50 samples"), "{past}");
+}
+
+/// Shards of consecutive numbers; shard 2 fails to open when asked.
+struct Ranges {
+    shards: usize,
+    per: i64,
+    broken: Option<usize>,
+}
+impl IterableSource for Ranges {
+    type Output = Val;
+    fn num_shards(&self) -> usize {
+        self.shards
+    }
+    fn shard_key(&self, s: usize) -> String {
+        format!("shard-{s}")
+    }
+    fn open(&self, s: usize) -> Result<ShardIter<Val>, BoxError> {
+        if Some(s) == self.broken {
+            return Err("shard unreadable".into());
+        }
+        let per = self.per;
+        Ok(Box::new((0..per).map(move |i| Ok(Val(s as i64 * per + i)))))
+    }
+}
+
+#[test]
+fn iterable_sources_read_each_element_once_in_shard_order() {
+    for workers in [1, 3, 8] {
+        let p = Pipeline::builder_iterable(Ranges {
+            shards: 7,
+            per: 23,
+            broken: None,
+        })
+        .map_with(
+            "id",
+            StageOptions::new().workers(Parallelism::Fixed(workers)),
+            |v: Val, _: &StageCtx| Ok::<_, BoxError>(v),
+        )
+        .batch_size(5)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+        let got = collect_all(&p, 0);
+        assert_eq!(got, (0..7 * 23).collect::<Vec<_>>(), "workers {workers}");
+    }
+}
+
+#[test]
+fn iterable_shard_errors_follow_the_policy() {
+    let p = Pipeline::builder_iterable(Ranges {
+        shards: 4,
+        per: 10,
+        broken: Some(2),
+    })
+    .batch_size(4)
+    .on_error(ErrorPolicy::Skip)
+    .collate(StackCollate::new().column::<Val>("v"))
+    .build()
+    .unwrap();
+    let got = collect_all(&p, 0);
+    assert_eq!(got.len(), 30);
+    let s = p.last_summary().unwrap();
+    assert_eq!(s.skipped.len(), 1);
+    assert_eq!(s.skipped[0].path.as_deref(), Some("shard-2"));
+}
