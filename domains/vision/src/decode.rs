@@ -1,0 +1,276 @@
+//! Decoding: JPEG with `zune-jpeg` (baseline, progressive, grayscale,
+//! CMYK/YCCK, any subsampling, restart markers; EXIF orientation applied),
+//! other formats with `image`. The header is read first and an image whose
+//! header claims more than `max_pixels` is refused before any allocation.
+//!
+//! ```
+//! use ferrofeed_vision::{decode, synth, DecodeOptions};
+//! let jpeg = synth::jpeg(1, 0, 90).unwrap();
+//! let img = decode(&jpeg, &DecodeOptions::default()).unwrap();
+//! assert!(img.width >= 400 && img.height >= 300);
+//! let tiny = DecodeOptions { max_pixels: 1000, ..Default::default() };
+//! assert!(decode(&jpeg, &tiny).unwrap_err().to_string().contains("pixel limit"));
+//! ```
+use std::io::Cursor;
+
+use zune_jpeg::zune_core::bytestream::ZCursor;
+use zune_jpeg::zune_core::colorspace::ColorSpace;
+use zune_jpeg::zune_core::options::DecoderOptions;
+use zune_jpeg::JpegDecoder;
+
+use crate::image::Image;
+
+/// Decoder settings.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeOptions {
+    /// Refuse images whose header claims more pixels than this.
+    pub max_pixels: u64,
+    /// Rotate/flip according to the EXIF orientation tag.
+    pub apply_exif: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions {
+            max_pixels: 100_000_000,
+            apply_exif: true,
+        }
+    }
+}
+
+/// Why an image could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Zero bytes.
+    #[error("empty file (0 bytes)")]
+    Empty,
+    /// The header claims too many pixels.
+    #[error("image header claims {width}x{height} = {pixels} pixels, over the {max} pixel limit (--max-pixels)")]
+    TooLarge {
+        /// Claimed width.
+        width: u64,
+        /// Claimed height.
+        height: u64,
+        /// Their product.
+        pixels: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// Not a known image format.
+    #[error("not an image: unknown format (first bytes {0})")]
+    UnknownFormat(String),
+    /// A JPEG the decoder rejects (corrupt, truncated, unsupported).
+    #[error("corrupt or truncated JPEG: {0}")]
+    Jpeg(String),
+    /// Another format the decoder rejects.
+    #[error("corrupt or unsupported image: {0}")]
+    Other(String),
+}
+
+fn is_jpeg(bytes: &[u8]) -> bool {
+    bytes.len() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF
+}
+
+fn check_pixels(width: u64, height: u64, max: u64) -> Result<(), DecodeError> {
+    let pixels = width.saturating_mul(height);
+    if pixels > max {
+        return Err(DecodeError::TooLarge {
+            width,
+            height,
+            pixels,
+            max,
+        });
+    }
+    Ok(())
+}
+
+fn jpeg_options() -> DecoderOptions {
+    DecoderOptions::default()
+        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .set_max_width(1 << 16)
+        .set_max_height(1 << 16)
+}
+
+/// Width and height from the header alone.
+pub fn peek_dimensions(bytes: &[u8]) -> Result<(u32, u32), DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    if is_jpeg(bytes) {
+        let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
+        d.decode_headers()
+            .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
+        let info = d
+            .info()
+            .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+        return Ok((u32::from(info.width), u32::from(info.height)));
+    }
+    let reader = ::image::ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| DecodeError::Other(e.to_string()))?;
+    if reader.format().is_none() {
+        return Err(unknown(bytes));
+    }
+    reader
+        .into_dimensions()
+        .map_err(|e| DecodeError::Other(e.to_string()))
+}
+
+fn unknown(bytes: &[u8]) -> DecodeError {
+    let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    DecodeError::UnknownFormat(head.join(" "))
+}
+
+/// Decodes `bytes` to RGB.
+pub fn decode(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    if is_jpeg(bytes) {
+        return decode_jpeg(bytes, opts);
+    }
+    let mut reader = ::image::ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| DecodeError::Other(e.to_string()))?;
+    if reader.format().is_none() {
+        return Err(unknown(bytes));
+    }
+    let (w, h) = peek_dimensions(bytes)?;
+    check_pixels(u64::from(w), u64::from(h), opts.max_pixels)?;
+    let mut limits = ::image::Limits::default();
+    limits.max_alloc = Some(opts.max_pixels.saturating_mul(8).max(1 << 20));
+    reader.limits(limits);
+    let img = reader
+        .decode()
+        .map_err(|e| DecodeError::Other(e.to_string()))?
+        .to_rgb8();
+    let (w, h) = img.dimensions();
+    Image::new(w, h, img.into_raw()).map_err(DecodeError::Other)
+}
+
+fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError> {
+    let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
+    d.decode_headers()
+        .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
+    let info = d
+        .info()
+        .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+    let (w, h) = (u32::from(info.width), u32::from(info.height));
+    check_pixels(u64::from(w), u64::from(h), opts.max_pixels)?;
+    if !has_eoi_or_data(bytes) {
+        return Err(DecodeError::Jpeg(
+            "the file ends inside the image data (truncated)".into(),
+        ));
+    }
+    let orientation = if opts.apply_exif {
+        d.exif().map(|e| exif_orientation(e)).unwrap_or(1)
+    } else {
+        1
+    };
+    let data = d
+        .decode()
+        .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
+    let img = Image::new(w, h, data).map_err(DecodeError::Jpeg)?;
+    Ok(orient(img, orientation))
+}
+
+/// A JPEG that stops before its end-of-image marker is truncated: the
+/// decoder would fill the rest with grey, silently.
+fn has_eoi_or_data(bytes: &[u8]) -> bool {
+    // Trailing padding after EOI is common; look at the last 64 bytes.
+    let tail = &bytes[bytes.len().saturating_sub(64)..];
+    tail.windows(2).any(|w| w == [0xFF, 0xD9])
+}
+
+/// The EXIF orientation (1–8), 1 when absent or unreadable.
+fn exif_orientation(tiff: &[u8]) -> u32 {
+    let Ok(exif) = exif::Reader::new().read_raw(tiff.to_vec()) else {
+        return 1;
+    };
+    exif.get_field(exif::Tag::Orientation, exif::In::PRIMARY)
+        .and_then(|f| f.value.get_uint(0))
+        .filter(|o| (1..=8).contains(o))
+        .unwrap_or(1)
+}
+
+/// Applies an EXIF orientation so the image displays upright.
+pub fn orient(img: Image, orientation: u32) -> Image {
+    if orientation <= 1 || orientation > 8 {
+        return img;
+    }
+    let (w, h) = (img.width as usize, img.height as usize);
+    let transposed = orientation >= 5;
+    let (nw, nh) = if transposed { (h, w) } else { (w, h) };
+    let mut out = vec![0u8; img.data.len()];
+    for y in 0..nh {
+        for x in 0..nw {
+            // Source coordinates for destination (x, y).
+            let (sx, sy) = match orientation {
+                2 => (w - 1 - x, y),
+                3 => (w - 1 - x, h - 1 - y),
+                4 => (x, h - 1 - y),
+                5 => (y, x),
+                6 => (y, h - 1 - x),
+                7 => (w - 1 - y, h - 1 - x),
+                _ => (w - 1 - y, x),
+            };
+            let s = (sy * w + sx) * 3;
+            let d = (y * nw + x) * 3;
+            out[d..d + 3].copy_from_slice(&img.data[s..s + 3]);
+        }
+    }
+    Image {
+        width: nw as u32,
+        height: nh as u32,
+        data: out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Image {
+        // 3×2: pixel value = 10*y + x in every channel.
+        let data = (0..2)
+            .flat_map(|y| (0..3).flat_map(move |x| [10 * y + x; 3]))
+            .collect();
+        Image::new(3, 2, data).unwrap()
+    }
+
+    #[test]
+    fn orientations_match_their_definitions() {
+        let top_left = |i: &Image| i.pixel(0, 0)[0];
+        assert_eq!(top_left(&orient(sample(), 2)), 2);
+        assert_eq!(top_left(&orient(sample(), 3)), 12);
+        assert_eq!(top_left(&orient(sample(), 4)), 10);
+        let r6 = orient(sample(), 6); // rotate 90° clockwise
+        assert_eq!((r6.width, r6.height), (2, 3));
+        assert_eq!(r6.pixel(0, 0)[0], 10);
+        assert_eq!(r6.pixel(1, 0)[0], 0);
+        let r8 = orient(sample(), 8); // rotate 90° counter-clockwise
+        assert_eq!(r8.pixel(0, 0)[0], 2);
+    }
+
+    #[test]
+    fn bad_inputs_are_named_errors() {
+        let o = DecodeOptions::default();
+        assert!(matches!(decode(&[], &o), Err(DecodeError::Empty)));
+        assert!(matches!(
+            decode(b"hello world", &o),
+            Err(DecodeError::UnknownFormat(_))
+        ));
+        let jpeg = crate::synth::jpeg(3, 1, 90).unwrap();
+        let cut = &jpeg[..jpeg.len() / 2];
+        assert!(
+            matches!(decode(cut, &o), Err(DecodeError::Jpeg(_))),
+            "truncated"
+        );
+        let mut garbage = jpeg.clone();
+        for b in garbage.iter_mut().skip(700).take(4000) {
+            *b = 0x5A;
+        }
+        // Corrupt entropy data either errors or decodes to noise; it must not panic.
+        let _ = decode(&garbage, &o);
+    }
+}

@@ -1,0 +1,158 @@
+//! Image components: [`Image`] (RGB u8, HWC) and [`NormalizedImage`]
+//! (f32, CHW).
+//!
+//! ```
+//! use ferrofeed_vision::Image;
+//! let img = Image::new(2, 1, vec![255, 0, 0, 0, 0, 255]).unwrap();
+//! assert_eq!(img.pixel(1, 0), [0, 0, 255]);
+//! ```
+use ferrofeed_core::{Collatable, Component};
+
+/// An RGB image, 8 bits per channel, rows of `width × 3` bytes (HWC).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Image {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// `height × width × 3` bytes.
+    pub data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Image({}x{})", self.width, self.height)
+    }
+}
+
+impl Image {
+    /// An image over `data`; errors when the length does not match.
+    pub fn new(width: u32, height: u32, data: Vec<u8>) -> Result<Image, String> {
+        let want = width as usize * height as usize * 3;
+        if data.len() != want {
+            return Err(format!(
+                "{width}x{height} RGB needs {want} bytes, got {}",
+                data.len()
+            ));
+        }
+        Ok(Image {
+            width,
+            height,
+            data,
+        })
+    }
+    /// The RGB value at `(x, y)`.
+    pub fn pixel(&self, x: u32, y: u32) -> [u8; 3] {
+        let i = (y as usize * self.width as usize + x as usize) * 3;
+        [self.data[i], self.data[i + 1], self.data[i + 2]]
+    }
+    /// Mirrors the image left-right in place.
+    pub fn flip_horizontal(&mut self) {
+        let w = self.width as usize;
+        for row in self.data.chunks_exact_mut(w * 3) {
+            for x in 0..w / 2 {
+                let (a, b) = (x * 3, (w - 1 - x) * 3);
+                for c in 0..3 {
+                    row.swap(a + c, b + c);
+                }
+            }
+        }
+    }
+}
+
+impl Component for Image {
+    fn nbytes(&self) -> usize {
+        self.data.capacity()
+    }
+    fn describe(&self) -> String {
+        let n = self.data.len().max(1) as f64;
+        let (mut lo, mut hi, mut sum) = (255u8, 0u8, 0u64);
+        for &v in &self.data {
+            lo = lo.min(v);
+            hi = hi.max(v);
+            sum += u64::from(v);
+        }
+        format!(
+            "Image RGB u8 [{}, {}, 3] min {lo} max {hi} mean {:.2} first {:?}",
+            self.height,
+            self.width,
+            sum as f64 / n,
+            &self.data[..self.data.len().min(6)]
+        )
+    }
+}
+
+impl Collatable for Image {
+    type Elem = u8;
+    fn shape(&self) -> Vec<usize> {
+        vec![3, self.height as usize, self.width as usize]
+    }
+    /// HWC → CHW, straight into the batch row.
+    fn write(&self, out: &mut [u8]) {
+        let plane = self.width as usize * self.height as usize;
+        let (r, rest) = out.split_at_mut(plane);
+        let (g, b) = rest.split_at_mut(plane);
+        for (i, px) in self.data.chunks_exact(3).enumerate() {
+            r[i] = px[0];
+            g[i] = px[1];
+            b[i] = px[2];
+        }
+    }
+}
+
+/// A float image in CHW layout (after [`Normalize`](crate::Normalize)).
+#[derive(Clone, PartialEq)]
+pub struct NormalizedImage {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// `3 × height × width` values.
+    pub data: Vec<f32>,
+}
+
+impl Component for NormalizedImage {
+    fn nbytes(&self) -> usize {
+        self.data.capacity() * 4
+    }
+    fn describe(&self) -> String {
+        let (mut lo, mut hi, mut sum) = (f32::INFINITY, f32::NEG_INFINITY, 0f64);
+        for &v in &self.data {
+            lo = lo.min(v);
+            hi = hi.max(v);
+            sum += f64::from(v);
+        }
+        format!(
+            "NormalizedImage f32 [3, {}, {}] min {lo:.3} max {hi:.3} mean {:.4}",
+            self.height,
+            self.width,
+            sum / self.data.len().max(1) as f64
+        )
+    }
+}
+
+impl Collatable for NormalizedImage {
+    type Elem = f32;
+    fn shape(&self) -> Vec<usize> {
+        vec![3, self.height as usize, self.width as usize]
+    }
+    fn write(&self, out: &mut [f32]) {
+        out.copy_from_slice(&self.data);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chw_write_and_flip() {
+        let mut img = Image::new(3, 1, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
+        let mut out = vec![0u8; 9];
+        img.write(&mut out);
+        assert_eq!(out, [1, 4, 7, 2, 5, 8, 3, 6, 9]);
+        img.flip_horizontal();
+        assert_eq!(img.data, [7, 8, 9, 4, 5, 6, 1, 2, 3]);
+        assert!(Image::new(2, 2, vec![0; 3]).is_err());
+    }
+}

@@ -1,0 +1,384 @@
+//! Geometric transforms with torchvision's semantics, and the fused
+//! decode-and-transform stage.
+//!
+//! - `Train`: RandomResizedCrop(size, scale 0.08–1, ratio 3/4–4/3; ten
+//!   tries, then the centre fallback) and a horizontal flip with p = 0.5.
+//! - `Eval`: Resize(shorter side → `resize`, bilinear with antialias) then
+//!   CenterCrop(`size`), fused into one resampling of just the pixels that
+//!   survive the crop.
+//! - `None`: decode only.
+//!
+//! Resampling is `fast_image_resize`'s convolution with a bilinear filter
+//! whose support widens when downscaling — the antialiased bilinear of
+//! Pillow and of torchvision's `Resize(antialias=True)`.
+//!
+//! ```
+//! use ferrofeed_vision::{center_crop_box, eval_resize_size};
+//! assert_eq!(eval_resize_size(500, 375, 256), (341, 256));
+//! let b = center_crop_box(341, 256, 224);
+//! assert_eq!((b.left, b.top, b.width, b.height), (59, 16, 224, 224));
+//! ```
+use std::cell::RefCell;
+
+use fast_image_resize as fir;
+use ferrofeed_core::{BoxError, Stage, StageCtx};
+use ferrofeed_stages::Bytes;
+use rand::Rng;
+
+use crate::decode::{decode, DecodeOptions};
+use crate::image::{Image, NormalizedImage};
+
+/// A crop rectangle in pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CropBox {
+    /// First column.
+    pub left: u32,
+    /// First row.
+    pub top: u32,
+    /// Columns.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+}
+
+/// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area
+/// fraction in `scale` and log-uniform aspect ratio in `ratio`, then the
+/// centre crop clamped to the ratio range.
+pub fn random_resized_crop_box(
+    rng: &mut impl Rng,
+    width: u32,
+    height: u32,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+) -> CropBox {
+    let (w, h) = (f64::from(width), f64::from(height));
+    let area = w * h;
+    let (lr0, lr1) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target = area * rng.random_range(scale.0..=scale.1);
+        let aspect = rng.random_range(lr0..=lr1).exp();
+        let cw = (target * aspect).sqrt().round();
+        let ch = (target / aspect).sqrt().round();
+        if cw > 0.0 && ch > 0.0 && cw <= w && ch <= h {
+            let (cw, ch) = (cw as u32, ch as u32);
+            let top = rng.random_range(0..=height - ch);
+            let left = rng.random_range(0..=width - cw);
+            return CropBox {
+                left,
+                top,
+                width: cw,
+                height: ch,
+            };
+        }
+    }
+    let in_ratio = w / h;
+    let (cw, ch) = if in_ratio < ratio.0 {
+        (w, (w / ratio.0).round())
+    } else if in_ratio > ratio.1 {
+        ((h * ratio.1).round(), h)
+    } else {
+        (w, h)
+    };
+    let (cw, ch) = ((cw as u32).clamp(1, width), (ch as u32).clamp(1, height));
+    CropBox {
+        left: (width - cw) / 2,
+        top: (height - ch) / 2,
+        width: cw,
+        height: ch,
+    }
+}
+
+/// torchvision's `Resize(size)` output for an int size: the shorter side
+/// becomes `size`, the longer `int(size * long / short)`.
+pub fn eval_resize_size(width: u32, height: u32, size: u32) -> (u32, u32) {
+    if width <= height {
+        let nh = (u64::from(size) * u64::from(height) / u64::from(width.max(1))) as u32;
+        (size, nh.max(1))
+    } else {
+        let nw = (u64::from(size) * u64::from(width) / u64::from(height.max(1))) as u32;
+        (nw.max(1), size)
+    }
+}
+
+/// torchvision's `CenterCrop(size)` box: `top = round((h - size) / 2)`.
+pub fn center_crop_box(width: u32, height: u32, size: u32) -> CropBox {
+    let size_w = size.min(width);
+    let size_h = size.min(height);
+    CropBox {
+        left: ((f64::from(width - size_w)) / 2.0).round() as u32,
+        top: ((f64::from(height - size_h)) / 2.0).round() as u32,
+        width: size_w,
+        height: size_h,
+    }
+}
+
+thread_local! {
+    static RESIZER: RefCell<fir::Resizer> = RefCell::new(fir::Resizer::new());
+}
+
+/// Resamples the region `(left, top, width, height)` of `img` (fractional
+/// coordinates allowed) to `out_w × out_h` with antialiased bilinear.
+pub fn resize_crop(
+    img: &Image,
+    region: (f64, f64, f64, f64),
+    out_w: u32,
+    out_h: u32,
+) -> Result<Image, String> {
+    let src = fir::images::ImageRef::new(img.width, img.height, &img.data, fir::PixelType::U8x3)
+        .map_err(|e| e.to_string())?;
+    let mut dst = fir::images::Image::new(out_w, out_h, fir::PixelType::U8x3);
+    let opts = fir::ResizeOptions::new()
+        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
+        .crop(region.0, region.1, region.2, region.3);
+    RESIZER
+        .with(|r| r.borrow_mut().resize(&src, &mut dst, &opts))
+        .map_err(|e| e.to_string())?;
+    Image::new(out_w, out_h, dst.into_vec())
+}
+
+/// What to do after decoding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Transform {
+    /// Decode only.
+    None,
+    /// Resize the shorter side to `resize`, then center-crop `size`.
+    Eval {
+        /// Shorter side after resizing.
+        resize: u32,
+        /// Output side.
+        size: u32,
+    },
+    /// RandomResizedCrop to `size` and a horizontal flip.
+    Train {
+        /// Output side.
+        size: u32,
+        /// Area fraction range.
+        scale: (f64, f64),
+        /// Aspect ratio range.
+        ratio: (f64, f64),
+        /// Flip probability.
+        flip_p: f64,
+    },
+}
+
+impl Transform {
+    /// torchvision's training defaults at `size`.
+    pub fn train(size: u32) -> Self {
+        Transform::Train {
+            size,
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            flip_p: 0.5,
+        }
+    }
+    /// Resize to `resize`, center-crop `size`.
+    pub fn eval(resize: u32, size: u32) -> Self {
+        Transform::Eval { resize, size }
+    }
+
+    /// Checks the parameters.
+    pub fn validate(&self) -> Result<(), String> {
+        match *self {
+            Transform::None => Ok(()),
+            Transform::Eval { resize, size } => {
+                if size == 0 || resize == 0 {
+                    Err("--size and --resize must be at least 1".into())
+                } else if size > resize {
+                    Err(format!("--size {size} is larger than --resize {resize}: the center crop would need padding"))
+                } else {
+                    Ok(())
+                }
+            }
+            Transform::Train {
+                size,
+                scale,
+                ratio,
+                flip_p,
+            } => {
+                if size == 0 {
+                    Err("--size must be at least 1".into())
+                } else if !(0.0 < scale.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+                    Err(format!("scale {scale:?} must satisfy 0 < min <= max <= 1"))
+                } else if !(0.0 < ratio.0 && ratio.0 <= ratio.1) {
+                    Err(format!("ratio {ratio:?} must satisfy 0 < min <= max"))
+                } else if !(0.0..=1.0).contains(&flip_p) {
+                    Err(format!("flip probability {flip_p} is not in [0, 1]"))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Applies the transform to a decoded image; random draws come from
+    /// `rng` (in the pipeline: the sample's `(seed, epoch, index)` RNG).
+    pub fn apply(&self, img: Image, rng: &mut impl Rng) -> Result<Image, String> {
+        match *self {
+            Transform::None => Ok(img),
+            Transform::Eval { resize, size } => {
+                let (nw, nh) = eval_resize_size(img.width, img.height, resize);
+                let b = center_crop_box(nw, nh, size);
+                // Map the crop in the resized frame back to the source.
+                let sx = f64::from(img.width) / f64::from(nw);
+                let sy = f64::from(img.height) / f64::from(nh);
+                let region = (
+                    f64::from(b.left) * sx,
+                    f64::from(b.top) * sy,
+                    f64::from(b.width) * sx,
+                    f64::from(b.height) * sy,
+                );
+                resize_crop(&img, region, b.width, b.height)
+            }
+            Transform::Train {
+                size,
+                scale,
+                ratio,
+                flip_p,
+            } => {
+                let b = random_resized_crop_box(rng, img.width, img.height, scale, ratio);
+                let region = (
+                    f64::from(b.left),
+                    f64::from(b.top),
+                    f64::from(b.width),
+                    f64::from(b.height),
+                );
+                let mut out = resize_crop(&img, region, size, size)?;
+                if rng.random::<f64>() < flip_p {
+                    out.flip_horizontal();
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The unfused eval path (resize the whole image, then crop), kept to
+    /// check the fused one against.
+    pub fn eval_unfused(img: &Image, resize: u32, size: u32) -> Result<Image, String> {
+        let (nw, nh) = eval_resize_size(img.width, img.height, resize);
+        let full = resize_crop(
+            img,
+            (0.0, 0.0, f64::from(img.width), f64::from(img.height)),
+            nw,
+            nh,
+        )?;
+        let b = center_crop_box(nw, nh, size);
+        let mut data = Vec::with_capacity((b.width * b.height * 3) as usize);
+        for y in b.top..b.top + b.height {
+            let row = (y * nw + b.left) as usize * 3;
+            data.extend_from_slice(&full.data[row..row + b.width as usize * 3]);
+        }
+        Image::new(b.width, b.height, data)
+    }
+}
+
+/// The fused stage `Bytes → Image`: decode, then the transform.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeTransform {
+    /// The transform after decoding.
+    pub transform: Transform,
+    /// Decoder limits.
+    pub decode: DecodeOptions,
+}
+
+impl DecodeTransform {
+    /// With default decoder limits.
+    pub fn new(transform: Transform) -> Self {
+        DecodeTransform {
+            transform,
+            decode: DecodeOptions::default(),
+        }
+    }
+    /// Runs the stage outside a pipeline.
+    pub fn run(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Image, BoxError> {
+        let img = decode(bytes, &self.decode)?;
+        Ok(self.transform.apply(img, rng)?)
+    }
+}
+
+impl Stage for DecodeTransform {
+    type In = Bytes;
+    type Out = Image;
+    fn process(&self, bytes: Bytes, ctx: &StageCtx) -> Result<Image, BoxError> {
+        self.run(&bytes, &mut ctx.rng())
+    }
+}
+
+/// `Image → NormalizedImage`: `(v / 255 - mean) / std` per channel, CHW.
+#[derive(Debug, Clone, Copy)]
+pub struct Normalize {
+    /// Channel means (0–1 scale).
+    pub mean: [f32; 3],
+    /// Channel standard deviations (0–1 scale).
+    pub std: [f32; 3],
+}
+
+impl Normalize {
+    /// ImageNet statistics.
+    pub fn imagenet() -> Self {
+        Normalize {
+            mean: [0.485, 0.456, 0.406],
+            std: [0.229, 0.224, 0.225],
+        }
+    }
+}
+
+impl Stage for Normalize {
+    type In = Image;
+    type Out = NormalizedImage;
+    fn process(&self, img: Image, _ctx: &StageCtx) -> Result<NormalizedImage, BoxError> {
+        let plane = img.width as usize * img.height as usize;
+        let mut data = vec![0f32; plane * 3];
+        let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * self.std[c]));
+        let shift: [f32; 3] = std::array::from_fn(|c| self.mean[c] / self.std[c]);
+        for (i, px) in img.data.chunks_exact(3).enumerate() {
+            for c in 0..3 {
+                data[c * plane + i] = f32::from(px[c]) * scale[c] - shift[c];
+            }
+        }
+        Ok(NormalizedImage {
+            width: img.width,
+            height: img.height,
+            data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrofeed_core::rng::sample_rng;
+
+    #[test]
+    fn rrc_boxes_respect_scale_and_ratio() {
+        let mut rng = sample_rng(1);
+        for _ in 0..2000 {
+            let b = random_resized_crop_box(&mut rng, 500, 375, (0.08, 1.0), (0.75, 4.0 / 3.0));
+            assert!(b.left + b.width <= 500 && b.top + b.height <= 375);
+            let frac = f64::from(b.width * b.height) / (500.0 * 375.0);
+            assert!((0.07..=1.0).contains(&frac), "area {frac}");
+            let r = f64::from(b.width) / f64::from(b.height);
+            assert!((0.74..=1.35).contains(&r), "ratio {r}");
+        }
+        // An extreme aspect falls back to the centre crop clamped to the ratio.
+        let b = random_resized_crop_box(&mut rng, 1000, 10, (0.9, 1.0), (0.75, 4.0 / 3.0));
+        assert_eq!((b.height, b.width), (10, 13));
+    }
+
+    #[test]
+    fn eval_sizes_follow_torchvision() {
+        assert_eq!(eval_resize_size(375, 500, 256), (256, 341));
+        assert_eq!(eval_resize_size(256, 256, 256), (256, 256));
+        assert_eq!(center_crop_box(256, 341, 224).top, 59);
+        assert!(Transform::eval(200, 224).validate().is_err());
+    }
+
+    #[test]
+    fn normalize_matches_the_formula() {
+        let img = Image::new(1, 1, vec![0, 128, 255]).unwrap();
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let ctx = StageCtx::detached(0, 0, 0, &cancel);
+        let n = Normalize::imagenet().process(img, &ctx).unwrap();
+        assert!((n.data[0] - (-0.485 / 0.229)).abs() < 1e-5);
+        assert!((n.data[2] - ((1.0 - 0.406) / 0.225)).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,22 @@
+//! # ferrofeed-stages
+//!
+//! Generic stages and sources shared by the domain packs: the components
+//! every reader produces ([`FilePath`], [`Bytes`], [`Label`]), readers for
+//! file lists, ImageFolder trees and WebDataset tar shards, and the
+//! [`ReadFile`] stage.
+//!
+//! ```
+//! use ferrofeed_stages::{Bytes, Label};
+//! let b = Bytes::from(vec![1u8, 2, 3]);
+//! assert_eq!(&b[..], &[1, 2, 3]);
+//! assert_eq!(Label(4).0, 4);
+//! ```
+#![warn(missing_docs)]
+
+pub mod components;
+pub mod readers;
+
+pub use components::{Bytes, FilePath, Label};
+pub use readers::files::{Files, LabeledFiles, ReadFile};
+pub use readers::folder::{ImageFolder, ScanError};
+pub use readers::tar::{TarError, TarShards};

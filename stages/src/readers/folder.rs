@@ -1,0 +1,164 @@
+//! ImageFolder: `ROOT/<class>/<file>`, labels = sorted class names.
+//!
+//! ```
+//! let dir = tempfile::tempdir().unwrap();
+//! for (class, file) in [("cat", "a.jpg"), ("dog", "b.jpg"), ("cat", "c.JPG")] {
+//!     std::fs::create_dir_all(dir.path().join(class)).unwrap();
+//!     std::fs::write(dir.path().join(class).join(file), b"x").unwrap();
+//! }
+//! let f = ferrofeed_stages::ImageFolder::scan(dir.path(), &["jpg"]).unwrap();
+//! assert_eq!(f.classes(), &["cat", "dog"]);
+//! assert_eq!(f.files().len(), 3);
+//! assert_eq!(f.files()[2].1, 1, "dog is class 1");
+//! ```
+use std::path::{Path, PathBuf};
+
+use crate::readers::files::LabeledFiles;
+
+/// Why a folder cannot be used as a dataset.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    /// The root is missing or not a folder.
+    #[error("{0}: not a readable folder")]
+    NotAFolder(PathBuf),
+    /// No class sub-folders.
+    #[error("{0}: no class folders (expected ROOT/<class>/<file>)")]
+    NoClasses(PathBuf),
+    /// Class folders exist but hold no file with an accepted extension.
+    #[error("{root}: no files with extension {exts} under the class folders")]
+    NoFiles {
+        /// The root.
+        root: PathBuf,
+        /// Accepted extensions.
+        exts: String,
+    },
+    /// Listing failed (permissions, a symlink loop…).
+    #[error("{path}: {message}")]
+    Walk {
+        /// Where.
+        path: PathBuf,
+        /// What.
+        message: String,
+    },
+}
+
+/// The files of an ImageFolder tree with their class labels.
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    root: PathBuf,
+    classes: Vec<String>,
+    files: Vec<(PathBuf, i64)>,
+}
+
+impl ImageFolder {
+    /// Lists `root/<class>/**/<file>` for files whose extension is in `exts`
+    /// (case-insensitive), sorted by class then path. Symlinks are followed;
+    /// a symlink loop is an error naming the path.
+    pub fn scan(root: impl AsRef<Path>, exts: &[&str]) -> Result<ImageFolder, ScanError> {
+        let root = root.as_ref().to_path_buf();
+        let entries = std::fs::read_dir(&root).map_err(|_| ScanError::NotAFolder(root.clone()))?;
+        let mut classes = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| ScanError::Walk {
+                path: root.clone(),
+                message: e.to_string(),
+            })?;
+            let path = e.path();
+            if path.is_dir() {
+                if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                    if !name.starts_with('.') {
+                        classes.push(name.to_string());
+                    }
+                }
+            }
+        }
+        classes.sort();
+        if classes.is_empty() {
+            return Err(ScanError::NoClasses(root));
+        }
+        let mut files = Vec::new();
+        for (label, class) in classes.iter().enumerate() {
+            let walker = walkdir::WalkDir::new(root.join(class))
+                .follow_links(true)
+                .sort_by_file_name();
+            for entry in walker {
+                let entry = entry.map_err(|e| ScanError::Walk {
+                    path: e
+                        .path()
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| root.join(class)),
+                    message: e.to_string(),
+                })?;
+                if !entry.file_type().is_file() {
+                    continue;
+                }
+                let ok = entry
+                    .path()
+                    .extension()
+                    .and_then(|x| x.to_str())
+                    .is_some_and(|x| exts.iter().any(|e| e.eq_ignore_ascii_case(x)));
+                if ok {
+                    files.push((entry.into_path(), label as i64));
+                }
+            }
+        }
+        if files.is_empty() {
+            return Err(ScanError::NoFiles {
+                root,
+                exts: exts.join("/"),
+            });
+        }
+        Ok(ImageFolder {
+            root,
+            classes,
+            files,
+        })
+    }
+    /// The root folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// Class names; label `i` is `classes()[i]`.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+    /// `(path, label)` of every file.
+    pub fn files(&self) -> &[(PathBuf, i64)] {
+        &self.files
+    }
+    /// The files as a map-style source of `(FilePath, Label)`.
+    pub fn into_source(self) -> LabeledFiles {
+        LabeledFiles::new(self.files)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_or_classless_folders_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            ImageFolder::scan(dir.path(), &["jpg"]),
+            Err(ScanError::NoClasses(_))
+        ));
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        std::fs::write(dir.path().join("a/readme.txt"), b"x").unwrap();
+        let e = ImageFolder::scan(dir.path(), &["jpg"]).unwrap_err();
+        assert!(e.to_string().contains("no files with extension jpg"), "{e}");
+        assert!(matches!(
+            ImageFolder::scan(dir.path().join("missing"), &["jpg"]),
+            Err(ScanError::NotAFolder(_))
+        ));
+    }
+
+    #[test]
+    fn a_symlink_loop_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/sub")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("a"), dir.path().join("a/sub/loop")).unwrap();
+        let e = ImageFolder::scan(dir.path(), &["jpg"]).unwrap_err();
+        assert!(matches!(e, ScanError::Walk { .. }), "{e}");
+    }
+}

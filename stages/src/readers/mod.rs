@@ -1,0 +1,11 @@
+//! Readers: sources over files, folders and tar shards, and the stage that
+//! reads a file's bytes.
+//!
+//! ```no_run
+//! use ferrofeed_stages::ImageFolder;
+//! let folder = ImageFolder::scan("data/train", &["jpg", "jpeg", "png"]).unwrap();
+//! println!("{} images in {} classes", folder.files().len(), folder.classes().len());
+//! ```
+pub mod files;
+pub mod folder;
+pub mod tar;

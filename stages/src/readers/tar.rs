@@ -1,0 +1,275 @@
+//! WebDataset tar shards: one sample = the members sharing a basename
+//! (`key.jpg` + `key.cls`). Shards are memory-mapped and indexed once, so
+//! samples are read by index with no copy.
+//!
+//! Entries with absolute paths or `..` components are refused with an error
+//! naming the shard and the entry.
+//!
+//! ```
+//! use ferrofeed_core::Source;
+//! let dir = tempfile::tempdir().unwrap();
+//! let path = dir.path().join("shard-000.tar");
+//! let mut b = tar::Builder::new(std::fs::File::create(&path).unwrap());
+//! for (name, data) in [("s0.jpg", &b"JPEG"[..]), ("s0.cls", b"3\n")] {
+//!     let mut h = tar::Header::new_gnu();
+//!     h.set_size(data.len() as u64);
+//!     h.set_cksum();
+//!     b.append_data(&mut h, name, data).unwrap();
+//! }
+//! b.finish().unwrap();
+//! drop(b);
+//! let shards = ferrofeed_stages::TarShards::open(&[path], &["jpg"]).unwrap();
+//! let (bytes, label) = shards.get(0).unwrap();
+//! assert_eq!((&bytes[..], label.0), (&b"JPEG"[..], 3));
+//! assert!(shards.key(0).unwrap().ends_with("shard-000.tar#s0"));
+//! ```
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::ops::Range;
+use std::path::{Component as PathPart, Path, PathBuf};
+use std::sync::Arc;
+
+use ferrofeed_core::{BoxError, Source};
+
+use crate::components::{Bytes, Label};
+
+/// Why a shard cannot be indexed.
+#[derive(Debug, thiserror::Error)]
+pub enum TarError {
+    /// Opening or mapping failed.
+    #[error("{shard}: {message}")]
+    Io {
+        /// The shard.
+        shard: PathBuf,
+        /// What.
+        message: String,
+    },
+    /// An entry escapes the archive (absolute path or `..`).
+    #[error("{shard}: entry `{entry}` has an absolute path or `..`: refused")]
+    UnsafeEntry {
+        /// The shard.
+        shard: PathBuf,
+        /// The entry's path.
+        entry: String,
+    },
+}
+
+struct TarSample {
+    shard: u32,
+    key: String,
+    data: Option<Range<usize>>,
+    label: Option<Range<usize>>,
+}
+
+/// A map-style source over WebDataset shards; samples start with
+/// `(Bytes, Label)`.
+pub struct TarShards {
+    shards: Vec<(PathBuf, Arc<memmap2::Mmap>)>,
+    samples: Vec<TarSample>,
+    data_exts: Vec<String>,
+}
+
+impl TarShards {
+    /// Indexes `paths` (in order); the data member of a sample is the first
+    /// whose extension is in `data_exts`, its label the `.cls` member.
+    pub fn open(paths: &[PathBuf], data_exts: &[&str]) -> Result<TarShards, TarError> {
+        let mut shards = Vec::new();
+        let mut samples = Vec::new();
+        for (si, path) in paths.iter().enumerate() {
+            let io = |e: std::io::Error| TarError::Io {
+                shard: path.clone(),
+                message: e.to_string(),
+            };
+            let file = std::fs::File::open(path).map_err(io)?;
+            // SAFETY: read-only map of a file we do not modify.
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?);
+            let mut by_key: HashMap<String, usize> = HashMap::new();
+            let mut archive = tar::Archive::new(Cursor::new(&map[..]));
+            let entries = archive.entries_with_seek().map_err(io)?;
+            for entry in entries {
+                let entry = entry.map_err(io)?;
+                let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+                let p = Path::new(&raw);
+                if p.is_absolute()
+                    || p.components().any(|c| {
+                        matches!(
+                            c,
+                            PathPart::ParentDir | PathPart::RootDir | PathPart::Prefix(_)
+                        )
+                    })
+                {
+                    return Err(TarError::UnsafeEntry {
+                        shard: path.clone(),
+                        entry: raw,
+                    });
+                }
+                if !entry.header().entry_type().is_file() {
+                    continue;
+                }
+                let start = entry.raw_file_position() as usize;
+                let len = entry.size() as usize;
+                let end = start
+                    .checked_add(len)
+                    .filter(|&e| e <= map.len())
+                    .ok_or_else(|| TarError::Io {
+                        shard: path.clone(),
+                        message: format!("entry `{raw}` runs past the end of the file"),
+                    })?;
+                // WebDataset: the key is everything before the first dot of
+                // the file name; the extension is the rest.
+                let (dir, name) = match raw.rfind('/') {
+                    Some(i) => (&raw[..=i], &raw[i + 1..]),
+                    None => ("", raw.as_str()),
+                };
+                let (stem, ext) = match name.find('.') {
+                    Some(i) => (&name[..i], &name[i + 1..]),
+                    None => (name, ""),
+                };
+                let key = format!("{dir}{stem}");
+                let slot = *by_key.entry(key.clone()).or_insert_with(|| {
+                    samples.push(TarSample {
+                        shard: si as u32,
+                        key,
+                        data: None,
+                        label: None,
+                    });
+                    samples.len() - 1
+                });
+                let s = &mut samples[slot];
+                let ext_l = ext.to_ascii_lowercase();
+                if ext_l == "cls" {
+                    s.label = Some(start..end);
+                } else if s.data.is_none()
+                    && data_exts.iter().any(|d| d.eq_ignore_ascii_case(&ext_l))
+                {
+                    s.data = Some(start..end);
+                }
+            }
+            shards.push((path.clone(), map));
+        }
+        Ok(TarShards {
+            shards,
+            samples,
+            data_exts: data_exts.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    /// Number of shards.
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+}
+
+impl Source for TarShards {
+    type Output = (Bytes, Label);
+    fn len(&self) -> u64 {
+        self.samples.len() as u64
+    }
+    fn get(&self, index: u64) -> Result<(Bytes, Label), BoxError> {
+        let s = self
+            .samples
+            .get(index as usize)
+            .ok_or_else(|| format!("index {index} is past the end"))?;
+        let map = &self.shards[s.shard as usize].1;
+        let data = s.data.clone().ok_or_else(|| {
+            format!(
+                "sample `{}` has no data member (.{})",
+                s.key,
+                self.data_exts.join("/.")
+            )
+        })?;
+        let label = s
+            .label
+            .clone()
+            .ok_or_else(|| format!("sample `{}` has no .cls member", s.key))?;
+        let text =
+            std::str::from_utf8(&map[label]).map_err(|_| format!("`{}.cls` is not text", s.key))?;
+        let label: i64 = text.trim().parse().map_err(|_| {
+            format!(
+                "`{}.cls` holds {:?}, not an integer label",
+                s.key,
+                text.trim()
+            )
+        })?;
+        Ok((
+            Bytes::Mapped {
+                map: Arc::clone(map),
+                range: data,
+            },
+            Label(label),
+        ))
+    }
+    fn key(&self, index: u64) -> Option<String> {
+        let s = self.samples.get(index as usize)?;
+        Some(format!(
+            "{}#{}",
+            self.shards[s.shard as usize].0.display(),
+            s.key
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw_tar(path: &Path, name: &str) {
+        // Build a header by hand so the name can be hostile.
+        let mut h = tar::Header::new_old();
+        let data = b"evil";
+        {
+            let bytes = h.as_mut_bytes();
+            bytes[..name.len()].copy_from_slice(name.as_bytes());
+        }
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        let mut out = h.as_bytes().to_vec();
+        out.extend_from_slice(data);
+        out.resize(out.len().next_multiple_of(512) + 1024, 0);
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn hostile_entries_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["../escape.jpg", "/etc/passwd.jpg", "a/../../b.jpg"] {
+            let p = dir.path().join("bad.tar");
+            raw_tar(&p, name);
+            let e = TarShards::open(std::slice::from_ref(&p), &["jpg"])
+                .err()
+                .unwrap();
+            let msg = e.to_string();
+            assert!(msg.contains("bad.tar") && msg.contains(name), "{msg}");
+        }
+    }
+
+    #[test]
+    fn missing_members_are_errors_at_read_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.tar");
+        let mut b = tar::Builder::new(std::fs::File::create(&p).unwrap());
+        for (name, data) in [
+            ("a.jpg", &b"x"[..]),
+            ("b.cls", b"1"),
+            ("c.jpg", b"y"),
+            ("c.cls", b"zz"),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            b.append_data(&mut h, name, data).unwrap();
+        }
+        b.into_inner().unwrap();
+        let s = TarShards::open(&[p], &["jpg"]).unwrap();
+        assert_eq!(s.len(), 3);
+        assert!(s.get(0).unwrap_err().to_string().contains("no .cls"));
+        assert!(s.get(1).unwrap_err().to_string().contains("no data member"));
+        assert!(s
+            .get(2)
+            .unwrap_err()
+            .to_string()
+            .contains("not an integer label"));
+    }
+}
