@@ -1,8 +1,8 @@
 //! # ferrofeed
 //!
 //! Typed, threaded input pipelines that keep accelerators fed. This facade
-//! re-exports the engine ([`core`]) and, behind features, the stage library
-//! and the domain packs.
+//! re-exports the engine ([`core`]), the generic stages ([`stages`]) and,
+//! behind features, the domain packs ([`vision`]).
 //!
 //! ```
 //! use ferrofeed::core::prelude::*;
@@ -14,3 +14,6 @@
 //! assert_eq!(p.epoch(0).count(), 2);
 //! ```
 pub use ferrofeed_core as core;
+pub use ferrofeed_stages as stages;
+#[cfg(feature = "vision")]
+pub use ferrofeed_vision as vision;

@@ -1040,6 +1040,12 @@ impl Pipeline {
         }
     }
 
+    /// Number of batches epoch `epoch` will hold before any skip
+    /// (map-style sources).
+    pub fn epoch_hint(&self, epoch: u64) -> Option<usize> {
+        self.plan(epoch)?.ok().map(|p| p.num_batches())
+    }
+
     /// Runs epoch `epoch`: an iterator over its batches. Dropping the
     /// iterator abandons the epoch; the next one starts clean.
     pub fn epoch(&self, epoch: u64) -> EpochIter<'_> {

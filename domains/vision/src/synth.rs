@@ -74,7 +74,10 @@ pub fn image(seed: u64, index: u64) -> Image {
         .collect();
     let (fx, fy): (f32, f32) = (rng.random_range(0.02..0.25), rng.random_range(0.02..0.25));
     let tex_amp: f32 = rng.random_range(6.0..22.0);
-    let noise_amp: f32 = rng.random_range(5.0..11.0);
+    let noise_amp: f32 = rng.random_range(10.0..18.0);
+    // Fine detail (foliage, fabric): a high-frequency pattern of its own.
+    let (gx, gy): (f32, f32) = (rng.random_range(0.6..1.6), rng.random_range(0.6..1.6));
+    let fine_amp: f32 = rng.random_range(6.0..16.0);
 
     let mut data = vec![0u8; (w * h * 3) as usize];
     let mut state = derive_seed(&[seed, index, 0x4E4F_4953]);
@@ -95,12 +98,13 @@ pub fn image(seed: u64, index: u64) -> Image {
                 };
                 if inside {
                     let shade = 1.0 - 0.25 * (dx * dx + dy * dy).min(1.0);
-                    for c in 0..3 {
-                        px[c] = px[c] * (1.0 - s.alpha) + s.color[c] * shade * s.alpha;
+                    for (v, col) in px.iter_mut().zip(s.color) {
+                        *v = *v * (1.0 - s.alpha) + col * shade * s.alpha;
                     }
                 }
             }
-            let tex = tex_amp * ((xf * fx).sin() * (yf * fy).cos());
+            let tex = tex_amp * ((xf * fx).sin() * (yf * fy).cos())
+                + fine_amp * (xf * gx + (yf * gy).sin() * 3.0).sin();
             let i = ((y * w + x) * 3) as usize;
             for c in 0..3 {
                 // xorshift noise, roughly Gaussian from the sum of two draws.

@@ -1,0 +1,190 @@
+//! Argument parsing and the run loop shared by every domain.
+//!
+//! ```text
+//! ferrofeed vision DIR --epochs 2 --report-json run.json --dump out/
+//! ```
+mod report;
+mod run;
+mod vision;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use ferrofeed_core::{ErrorPolicy, Parallelism};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferrofeed",
+    version,
+    about = "Run, inspect and benchmark ferrofeed input pipelines",
+    long_about = "Run, inspect and benchmark ferrofeed input pipelines.\n\nWith no arguments: the vision training pipeline on the embedded default dataset."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Vision pipeline: ImageFolder (DIR/<class>/<file>) or WebDataset shards (*.tar).
+    Vision(vision::VisionArgs),
+    /// Pull one sample through every stage and print each stage's components.
+    Inspect {
+        #[command(subcommand)]
+        domain: InspectDomain,
+    },
+    /// Write a deterministic synthetic dataset.
+    MakeDataset {
+        #[command(subcommand)]
+        domain: MakeDomain,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum InspectDomain {
+    /// Inspect a vision sample.
+    Vision(vision::InspectArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum MakeDomain {
+    /// ImageNet-like folder: 10 classes of ~500×375 JPEGs (q90).
+    Vision(MakeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MakeArgs {
+    /// Folder to write.
+    pub dir: PathBuf,
+    /// Number of samples.
+    #[arg(long, default_value_t = 2048)]
+    pub count: u64,
+    /// Seed of the generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Flags every domain subcommand takes.
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Epochs to run.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Seed for shuffling and random transforms; same seed ⇒ bit-identical batches.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Shuffle the order each epoch.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub shuffle: bool,
+    /// Threads per CPU stage: `auto` sizes from the CPUs this process may use.
+    #[arg(long, default_value = "auto", value_parser = parse_workers, value_name = "auto|N")]
+    pub workers: Parallelism,
+    /// Byte budget for samples and batches in flight, e.g. 256MiB.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub max_bytes_in_flight: Option<usize>,
+    /// Error policy: fail, skip, retry:N (then fail) or retry:N:skip.
+    #[arg(long, default_value = "fail", value_parser = parse_policy, value_name = "fail|skip|retry:N")]
+    pub on_error: ErrorPolicy,
+    /// Drop a short last batch.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub drop_last: bool,
+    /// Stop after N batches (over all epochs).
+    #[arg(long)]
+    pub limit_batches: Option<u64>,
+    /// Write each batch as .npy files plus DIR/index.json.
+    #[arg(long, value_name = "DIR")]
+    pub dump: Option<PathBuf>,
+    /// Write a machine-readable run report (JSON).
+    #[arg(long, value_name = "FILE")]
+    pub report_json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+fn parse_workers(s: &str) -> Result<Parallelism, String> {
+    match s.parse::<Parallelism>()? {
+        Parallelism::Fixed(0) => Err("--workers must be at least 1".into()),
+        p => Ok(p),
+    }
+}
+
+fn parse_policy(s: &str) -> Result<ErrorPolicy, String> {
+    s.parse()
+}
+
+/// `256MiB`, `1.5GiB`, `100MB`, `4096` → bytes.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 256MiB)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        u => return Err(format!("unknown size unit `{u}` in `{s}`")),
+    };
+    let bytes = n * mult;
+    if !(1.0..=usize::MAX as f64).contains(&bytes) {
+        return Err(format!("size `{s}` must be at least 1 byte"));
+    }
+    Ok(bytes as usize)
+}
+
+/// Runs the command line; returns the exit status.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        None => vision::run(vision::VisionArgs::default_run()),
+        Some(Cmd::Vision(a)) => vision::run(a),
+        Some(Cmd::Inspect {
+            domain: InspectDomain::Vision(a),
+        }) => vision::inspect(a),
+        Some(Cmd::MakeDataset {
+            domain: MakeDomain::Vision(a),
+        }) => vision::make_dataset(&a),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert_eq!(parse_size("100MB"), Ok(100_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("3XB").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,105 @@
+//! The end-of-run report: a per-stage table on stdout and `--report-json`.
+//!
+//! ```text
+//! stage     workers  samples   busy  mean ms   p99 ms
+//! decode          2     2048   97%     1.81     3.10
+//! ```
+use std::collections::BTreeMap;
+
+use ferrofeed_core::StageReport;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct SkippedEntry {
+    pub index: Option<u64>,
+    pub path: Option<String>,
+    pub stage: String,
+    pub error: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub domain: String,
+    pub samples: u64,
+    pub batches: u64,
+    pub seconds: f64,
+    pub samples_per_s: f64,
+    pub skipped: Vec<SkippedEntry>,
+    pub workers: BTreeMap<String, usize>,
+    pub cpus_available: f64,
+    pub peak_bytes_in_flight: u64,
+    pub max_bytes_in_flight: u64,
+    pub data_stall_seconds: f64,
+    pub stages: Vec<StageReport>,
+}
+
+pub fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+/// The stage that limits throughput, and what to change.
+pub fn bottleneck(stages: &[StageReport]) -> Option<String> {
+    let s = stages
+        .iter()
+        .filter(|s| s.samples > 0)
+        .max_by(|a, b| a.busy_fraction.total_cmp(&b.busy_fraction))?;
+    let busy = s.busy_fraction * 100.0;
+    Some(if s.busy_fraction < 0.5 {
+        format!(
+            "none of the stages is busy (highest: {} at {busy:.0}%): the consumer sets the pace",
+            s.name
+        )
+    } else {
+        format!(
+            "{}: {} worker{} at {busy:.0}% busy — give it more CPUs or make it cheaper",
+            s.name,
+            s.workers,
+            if s.workers == 1 { "" } else { "s" }
+        )
+    })
+}
+
+pub fn print_table(r: &Report) {
+    println!(
+        "ferrofeed {}: {} samples in {} batches, {:.2} s — {:.1} samples/s ({} CPUs)",
+        r.domain, r.samples, r.batches, r.seconds, r.samples_per_s, r.cpus_available
+    );
+    println!(
+        "{:<12} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7}",
+        "stage", "workers", "samples", "busy", "mean ms", "p50 ms", "p99 ms", "errors"
+    );
+    for s in &r.stages {
+        println!(
+            "{:<12} {:>7} {:>9} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>7}",
+            s.name,
+            s.workers,
+            s.samples,
+            s.busy_fraction * 100.0,
+            s.mean_ms,
+            s.p50_ms,
+            s.p99_ms,
+            s.errors
+        );
+    }
+    if let Some(b) = bottleneck(&r.stages) {
+        println!("bottleneck: {b}");
+    }
+    println!(
+        "peak bytes in flight: {} (budget {}); consumer waited {:.2} s for data",
+        mib(r.peak_bytes_in_flight),
+        mib(r.max_bytes_in_flight),
+        r.data_stall_seconds
+    );
+    if !r.skipped.is_empty() {
+        println!("skipped {} samples:", r.skipped.len());
+        for s in &r.skipped {
+            println!(
+                "  sample {} ({}) in stage `{}`: {}",
+                s.index.map_or("-".to_string(), |i| i.to_string()),
+                s.path.as_deref().unwrap_or("-"),
+                s.stage,
+                s.error
+            );
+        }
+    }
+}

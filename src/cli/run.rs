@@ -1,0 +1,182 @@
+//! The run loop: epochs, progress bar, `--limit-batches`, `--dump`, and the
+//! end-of-run report.
+//!
+//! ```text
+//! ferrofeed vision DIR --epochs 2 --limit-batches 10 --dump out/
+//! ```
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ferrofeed_core::{Pipeline, SampleError};
+
+use super::report::{print_table, Report, SkippedEntry};
+use super::CommonArgs;
+
+/// Why the command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A sample failed under the `fail` policy (or the pipeline broke).
+    #[error("{0}")]
+    Sample(#[from] SampleError),
+    /// Unusable arguments or dataset.
+    #[error("{0}")]
+    Usage(String),
+    /// A file could not be written or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl CliError {
+    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CliError + '_ {
+        move |source| CliError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// One line of `index.json`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IndexEntry {
+    pub index: u64,
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<i64>,
+}
+
+/// What to run and how.
+pub struct RunSpec<'a> {
+    pub domain: &'static str,
+    pub pipeline: &'a Pipeline,
+    pub common: &'a CommonArgs,
+    /// The dataset's samples in index order, for `--dump`.
+    pub index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
+    pub cpus: f64,
+}
+
+/// Runs the epochs and reports.
+pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
+    let c = spec.common;
+    let p = spec.pipeline;
+    if let Some(dir) = &c.dump {
+        std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
+        let entries = (spec.index)()?;
+        let path = dir.join("index.json");
+        let json =
+            serde_json::to_vec_pretty(&entries).map_err(|e| CliError::Usage(e.to_string()))?;
+        std::fs::write(&path, json).map_err(CliError::io(&path))?;
+    }
+    let per_epoch = p.epoch_hint(0);
+    let mut total = per_epoch.map(|n| n as u64 * c.epochs);
+    if let (Some(t), Some(l)) = (total, c.limit_batches) {
+        total = Some(t.min(l));
+    }
+    let bar = if !c.quiet && std::io::stderr().is_terminal() {
+        let pb = match total {
+            Some(t) => indicatif::ProgressBar::new(t),
+            None => indicatif::ProgressBar::new_spinner(),
+        };
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {prefix} [{bar:30}] {pos}/{len} batches  {per_sec}  eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        pb.set_prefix(spec.domain);
+        Some(pb)
+    } else {
+        None
+    };
+
+    p.reset_metrics();
+    let start = Instant::now();
+    let mut batches = 0u64;
+    let mut samples = 0u64;
+    let mut skipped: Vec<SampleError> = Vec::new();
+    let mut stall = 0.0;
+    'epochs: for e in 0..c.epochs {
+        let mut it = p.epoch(e);
+        let mut stop = false;
+        for item in it.by_ref() {
+            let batch = match item {
+                Ok(b) => b,
+                Err(err) => {
+                    if let Some(pb) = &bar {
+                        pb.abandon();
+                    }
+                    return Err(CliError::Sample(err));
+                }
+            };
+            samples += batch.len() as u64;
+            if let Some(dir) = &c.dump {
+                for (name, t) in batch.columns() {
+                    let path = dir.join(format!("{name}_{batches:06}.npy"));
+                    std::fs::write(&path, t.to_npy()).map_err(CliError::io(&path))?;
+                }
+                let idx: Vec<i64> = batch.indices().iter().map(|&i| i as i64).collect();
+                let path = dir.join(format!("indices_{batches:06}.npy"));
+                let t = ferrofeed_core::Tensor::from_slice(&idx, &[idx.len()]);
+                std::fs::write(&path, t.to_npy()).map_err(CliError::io(&path))?;
+            }
+            batches += 1;
+            if let Some(pb) = &bar {
+                pb.inc(1);
+            }
+            if c.limit_batches.is_some_and(|l| batches >= l) {
+                stop = true;
+                break;
+            }
+        }
+        skipped.extend(it.summary().skipped.iter().cloned());
+        stall += it.summary().wait_seconds;
+        drop(it);
+        if stop {
+            break 'epochs;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    let stages = p.stage_reports();
+    let report = Report {
+        domain: spec.domain.to_string(),
+        samples,
+        batches,
+        seconds,
+        samples_per_s: samples as f64 / seconds.max(1e-9),
+        skipped: skipped
+            .iter()
+            .map(|e| SkippedEntry {
+                index: e.index,
+                path: e.path.clone(),
+                stage: e.stage.clone(),
+                error: e.kind.to_string(),
+            })
+            .collect(),
+        workers: p
+            .workers()
+            .into_iter()
+            .filter(|(n, _)| n != "source")
+            .collect(),
+        cpus_available: spec.cpus,
+        peak_bytes_in_flight: p.budget().peak() as u64,
+        max_bytes_in_flight: p.budget().max() as u64,
+        data_stall_seconds: stall,
+        stages,
+    };
+    print_table(&report);
+    if let Some(path) = &c.report_json {
+        let json =
+            serde_json::to_vec_pretty(&report).map_err(|e| CliError::Usage(e.to_string()))?;
+        std::fs::write(path, json).map_err(CliError::io(path))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,309 @@
+//! `ferrofeed vision`, `inspect vision` and `make-dataset vision`.
+//!
+//! ```text
+//! ferrofeed vision DIR --transform train --size 224 --batch-size 64
+//! ```
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
+use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
+use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
+
+use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
+use super::{CommonArgs, MakeArgs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransformArg {
+    /// Decode only (all images must share one size).
+    None,
+    /// Resize the shorter side to --resize, center-crop --size.
+    Eval,
+    /// RandomResizedCrop(--size) + horizontal flip.
+    Train,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct VisionOpts {
+    /// What to do after decoding.
+    #[arg(long, value_enum)]
+    pub transform: Option<TransformArg>,
+    /// Output side.
+    #[arg(long, default_value_t = 224)]
+    pub size: u32,
+    /// Shorter side after resizing (eval).
+    #[arg(long, default_value_t = 256)]
+    pub resize: u32,
+    /// Refuse images whose header claims more pixels.
+    #[arg(long, default_value_t = 100_000_000)]
+    pub max_pixels: u64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct VisionArgs {
+    /// ImageFolder root or folder of WebDataset shards; default: the embedded dataset.
+    pub path: Option<PathBuf>,
+    #[command(flatten)]
+    pub vision: VisionOpts,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+impl VisionArgs {
+    /// The arguments of a bare `ferrofeed`.
+    pub fn default_run() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            a: VisionArgs,
+        }
+        Wrap::parse_from(["ferrofeed"]).a
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InspectArgs {
+    /// ImageFolder root or folder of shards; default: the embedded dataset.
+    pub path: Option<PathBuf>,
+    /// Dataset index of the sample.
+    #[arg(long)]
+    pub index: u64,
+    /// Write a PNG of the image after each stage into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Epoch (random transforms depend on it).
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub vision: VisionOpts,
+}
+
+/// Size of the embedded default dataset.
+pub const DEFAULT_COUNT: u64 = 2048;
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FERROFEED_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("ferrofeed");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".cache").join("ferrofeed");
+    }
+    std::env::temp_dir().join("ferrofeed-cache")
+}
+
+/// The embedded default dataset, generated on first use.
+fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
+    let dir = cache_dir().join(format!("vision-synth-v2-seed0-n{DEFAULT_COUNT}"));
+    if !dir.is_dir() {
+        if !quiet {
+            eprintln!(
+                "generating the default vision dataset ({DEFAULT_COUNT} JPEGs) into {} …",
+                dir.display()
+            );
+        }
+        synth::write_dataset(
+            &dir,
+            DEFAULT_COUNT,
+            0,
+            ferrofeed_core::builder::available_cpus(),
+        )
+        .map_err(CliError::io(&dir))?;
+    }
+    Ok(dir)
+}
+
+enum Dataset {
+    Folder(ImageFolder),
+    Shards(Arc<TarShards>),
+}
+
+fn open_dataset(path: &Path) -> Result<Dataset, CliError> {
+    if path.is_file() && path.extension().is_some_and(|e| e == "tar") {
+        let shards = vec![path.to_path_buf()];
+        let t = TarShards::open(&shards, IMAGE_EXTENSIONS)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        return Ok(Dataset::Shards(Arc::new(t)));
+    }
+    let entries =
+        std::fs::read_dir(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    let mut tars: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "tar"))
+        .collect();
+    if !tars.is_empty() {
+        tars.sort();
+        let t =
+            TarShards::open(&tars, IMAGE_EXTENSIONS).map_err(|e| CliError::Usage(e.to_string()))?;
+        if t.is_empty() {
+            return Err(CliError::Usage(format!(
+                "{}: the shards hold no samples",
+                path.display()
+            )));
+        }
+        return Ok(Dataset::Shards(Arc::new(t)));
+    }
+    ImageFolder::scan(path, IMAGE_EXTENSIONS)
+        .map(Dataset::Folder)
+        .map_err(|e| CliError::Usage(e.to_string()))
+}
+
+fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, CliError> {
+    let t = match opts.transform.unwrap_or(default) {
+        TransformArg::None => Transform::None,
+        TransformArg::Eval => Transform::eval(opts.resize, opts.size),
+        TransformArg::Train => Transform::train(opts.size),
+    };
+    t.validate().map_err(CliError::Usage)?;
+    Ok(t)
+}
+
+fn builder_for(ds: &Dataset, stage: DecodeTransform, workers: Parallelism) -> PipelineBuilder {
+    let opts = StageOptions::new().workers(workers);
+    match ds {
+        Dataset::Folder(f) => Pipeline::builder(f.clone().into_source())
+            .stage_with("read", opts, ReadFile::default())
+            .stage_with("decode", opts, stage),
+        Dataset::Shards(t) => Pipeline::builder(Arc::clone(t)).stage_with("decode", opts, stage),
+    }
+}
+
+fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
+    Ok(match ds {
+        Dataset::Folder(f) => f
+            .files()
+            .iter()
+            .enumerate()
+            .map(|(i, (p, l))| IndexEntry {
+                index: i as u64,
+                path: p.display().to_string(),
+                label: Some(*l),
+            })
+            .collect(),
+        Dataset::Shards(t) => (0..t.len())
+            .map(|i| IndexEntry {
+                index: i,
+                path: t.key(i).unwrap_or_default(),
+                label: t.get(i).ok().map(|(_, l)| l.0),
+            })
+            .collect(),
+    })
+}
+
+pub fn run(a: VisionArgs) -> Result<(), CliError> {
+    let path = match &a.path {
+        Some(p) => p.clone(),
+        None => default_dataset(a.common.quiet)?,
+    };
+    let ds = open_dataset(&path)?;
+    let transform = transform_of(&a.vision, TransformArg::Train)?;
+    let stage = DecodeTransform {
+        transform,
+        decode: DecodeOptions {
+            max_pixels: a.vision.max_pixels,
+            ..Default::default()
+        },
+    };
+    let c = &a.common;
+    let cpus = ferrofeed_core::builder::available_cpus();
+    let mut b = builder_for(&ds, stage, c.workers)
+        .batch_size(c.batch_size)
+        .shuffle(c.shuffle)
+        .seed(c.seed)
+        .drop_last(c.drop_last)
+        .on_error(c.on_error)
+        .collate(ferrofeed_vision::collate());
+    if let Some(m) = c.max_bytes_in_flight {
+        b = b.max_bytes_in_flight(m);
+    }
+    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let index = || index_entries(&ds);
+    run_epochs(RunSpec {
+        domain: "vision",
+        pipeline: &pipeline,
+        common: c,
+        index: &index,
+        cpus: cpus as f64,
+    })
+}
+
+pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
+    let path = match &a.path {
+        Some(p) => p.clone(),
+        None => default_dataset(false)?,
+    };
+    let ds = open_dataset(&path)?;
+    let transform = transform_of(&a.vision, TransformArg::Eval)?;
+    let stage = DecodeTransform {
+        transform,
+        decode: DecodeOptions {
+            max_pixels: a.vision.max_pixels,
+            ..Default::default()
+        },
+    };
+    let pipeline = builder_for(&ds, stage, Parallelism::Fixed(1))
+        .seed(a.seed)
+        .collate(ferrofeed_vision::collate())
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    if let Some(out) = &a.out {
+        std::fs::create_dir_all(out).map_err(CliError::io(out))?;
+    }
+    let mut written: Vec<PathBuf> = Vec::new();
+    let mut write_err: Option<CliError> = None;
+    let report = pipeline.inspect_with(a.index, a.epoch, |stage, sample| {
+        let (Some(out), Some(img)) = (&a.out, sample.get::<Image>()) else {
+            return;
+        };
+        let p = out.join(format!("{:02}_{stage}.png", written.len()));
+        match ::image::save_buffer(
+            &p,
+            &img.data,
+            img.width,
+            img.height,
+            ::image::ExtendedColorType::Rgb8,
+        ) {
+            Ok(()) => written.push(p),
+            Err(e) => {
+                write_err.get_or_insert(CliError::Usage(format!("{}: {e}", p.display())));
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    print!("{report}");
+    for p in written {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
+    if a.count == 0 {
+        return Err(CliError::Usage("--count must be at least 1".into()));
+    }
+    let t = std::time::Instant::now();
+    synth::write_dataset(
+        &a.dir,
+        a.count,
+        a.seed,
+        ferrofeed_core::builder::available_cpus(),
+    )
+    .map_err(CliError::io(&a.dir))?;
+    println!(
+        "wrote {} images in {} classes to {} in {:.1} s",
+        a.count,
+        synth::CLASSES,
+        a.dir.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
