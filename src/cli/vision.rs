@@ -101,7 +101,7 @@ fn cache_dir() -> PathBuf {
 
 /// The embedded default dataset, generated on first use.
 fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
-    let dir = cache_dir().join(format!("vision-synth-v2-seed0-n{DEFAULT_COUNT}"));
+    let dir = cache_dir().join(format!("vision-synth-v3-seed0-n{DEFAULT_COUNT}"));
     if !dir.is_dir() {
         if !quiet {
             eprintln!(

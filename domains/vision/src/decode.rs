@@ -20,6 +20,16 @@ use zune_jpeg::JpegDecoder;
 
 use crate::image::Image;
 
+/// Which JPEG decoder to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The system libjpeg(-turbo) when it was built in (region decoding,
+    /// DCT scaling), else zune-jpeg.
+    Auto,
+    /// zune-jpeg only (pure Rust, whole images).
+    Zune,
+}
+
 /// Decoder settings.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeOptions {
@@ -27,6 +37,11 @@ pub struct DecodeOptions {
     pub max_pixels: u64,
     /// Rotate/flip according to the EXIF orientation tag.
     pub apply_exif: bool,
+    /// JPEG decoder choice.
+    pub backend: Backend,
+    /// With libjpeg: fast integer IDCT and plain chroma upsampling — faster,
+    /// and no longer bit-exact with Pillow's defaults.
+    pub fast: bool,
 }
 
 impl Default for DecodeOptions {
@@ -34,6 +49,8 @@ impl Default for DecodeOptions {
         DecodeOptions {
             max_pixels: 100_000_000,
             apply_exif: true,
+            backend: Backend::Auto,
+            fast: false,
         }
     }
 }
@@ -67,11 +84,11 @@ pub enum DecodeError {
     Other(String),
 }
 
-fn is_jpeg(bytes: &[u8]) -> bool {
+pub(crate) fn is_jpeg(bytes: &[u8]) -> bool {
     bytes.len() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF
 }
 
-fn check_pixels(width: u64, height: u64, max: u64) -> Result<(), DecodeError> {
+pub(crate) fn check_pixels(width: u64, height: u64, max: u64) -> Result<(), DecodeError> {
     let pixels = width.saturating_mul(height);
     if pixels > max {
         return Err(DecodeError::TooLarge {
@@ -149,6 +166,27 @@ pub fn decode(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError> 
 }
 
 fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError> {
+    if !has_eoi_or_data(bytes) {
+        return Err(DecodeError::Jpeg(
+            "the file ends inside the image data (truncated)".into(),
+        ));
+    }
+    if opts.backend == Backend::Auto && crate::libjpeg::AVAILABLE {
+        if let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? {
+            check_pixels(u64::from(w), u64::from(h), opts.max_pixels)?;
+            if let Some(r) = crate::libjpeg::decode_region(bytes, 1, opts.fast, 0, 0, w, h)
+                .map_err(DecodeError::Jpeg)?
+            {
+                let img = Image::new(r.width, r.height, r.data).map_err(DecodeError::Jpeg)?;
+                let o = if opts.apply_exif {
+                    jpeg_orientation(bytes)
+                } else {
+                    1
+                };
+                return Ok(orient(img, o));
+            }
+        }
+    }
     let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
     d.decode_headers()
         .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
@@ -176,10 +214,36 @@ fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError>
 
 /// A JPEG that stops before its end-of-image marker is truncated: the
 /// decoder would fill the rest with grey, silently.
-fn has_eoi_or_data(bytes: &[u8]) -> bool {
+pub(crate) fn has_eoi_or_data(bytes: &[u8]) -> bool {
     // Trailing padding after EOI is common; look at the last 64 bytes.
     let tail = &bytes[bytes.len().saturating_sub(64)..];
     tail.windows(2).any(|w| w == [0xFF, 0xD9])
+}
+
+/// The EXIF orientation of a JPEG (1–8; 1 when absent), found by walking
+/// the marker segments before the image data.
+pub fn jpeg_orientation(bytes: &[u8]) -> u32 {
+    let mut i = 2;
+    while i + 4 <= bytes.len() {
+        if bytes[i] != 0xFF {
+            return 1;
+        }
+        let marker = bytes[i + 1];
+        if marker == 0xFF {
+            i += 1;
+            continue;
+        }
+        if marker == 0xDA || marker == 0xD9 {
+            return 1; // start of scan / end of image: no EXIF before the data
+        }
+        let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
+        let seg = &bytes[(i + 4).min(bytes.len())..(i + 2 + len).min(bytes.len())];
+        if marker == 0xE1 && seg.starts_with(b"Exif\0\0") {
+            return exif_orientation(&seg[6..]);
+        }
+        i += 2 + len;
+    }
+    1
 }
 
 /// The EXIF orientation (1–8), 1 when absent or unreadable.

@@ -92,10 +92,11 @@ impl Collatable for Image {
         let plane = self.width as usize * self.height as usize;
         let (r, rest) = out.split_at_mut(plane);
         let (g, b) = rest.split_at_mut(plane);
-        for (i, px) in self.data.chunks_exact(3).enumerate() {
-            r[i] = px[0];
-            g[i] = px[1];
-            b[i] = px[2];
+        let planes = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+        for (px, ((r, g), b)) in self.data.chunks_exact(3).zip(planes) {
+            *r = px[0];
+            *g = px[1];
+            *b = px[2];
         }
     }
 }

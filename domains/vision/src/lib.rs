@@ -26,10 +26,11 @@
 
 pub mod decode;
 pub mod image;
+pub mod libjpeg;
 pub mod synth;
 pub mod transform;
 
-pub use decode::{decode, peek_dimensions, DecodeError, DecodeOptions};
+pub use decode::{decode, jpeg_orientation, peek_dimensions, Backend, DecodeError, DecodeOptions};
 pub use image::{Image, NormalizedImage};
 pub use transform::{
     center_crop_box, eval_resize_size, random_resized_crop_box, resize_crop, CropBox,

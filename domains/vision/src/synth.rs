@@ -139,16 +139,17 @@ fn hsv(h: f32, s: f32, v: f32) -> [f32; 3] {
     }
 }
 
-/// Encodes an image as a JPEG of the given quality.
+/// Encodes an image as a baseline JPEG of the given quality with 4:2:0
+/// chroma subsampling (what cameras and Pillow's default write).
 pub fn encode_jpeg(img: &Image, quality: u8) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
-    ::image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality)
-        .encode(
-            &img.data,
-            img.width,
-            img.height,
-            ::image::ExtendedColorType::Rgb8,
-        )
+    let mut enc = jpeg_encoder::Encoder::new(&mut out, quality);
+    enc.set_sampling_factor(jpeg_encoder::SamplingFactor::F_2_2);
+    let (w, h) = (
+        u16::try_from(img.width).map_err(|_| "image too wide for JPEG")?,
+        u16::try_from(img.height).map_err(|_| "image too tall for JPEG")?,
+    );
+    enc.encode(&img.data, w, h, jpeg_encoder::ColorType::Rgb)
         .map_err(|e| e.to_string())?;
     Ok(out)
 }

@@ -288,10 +288,121 @@ impl DecodeTransform {
             decode: DecodeOptions::default(),
         }
     }
-    /// Runs the stage outside a pipeline.
+    /// Runs the stage outside a pipeline: the fused path when it applies,
+    /// else decode then transform. Both draw the same random numbers in the
+    /// same order, so they pick the same crop and flip.
     pub fn run(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Image, BoxError> {
+        if let Some(img) = self.run_fused(bytes, rng)? {
+            return Ok(img);
+        }
+        self.run_unfused(bytes, rng)
+    }
+
+    /// Decode the whole image, then transform it.
+    pub fn run_unfused(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Image, BoxError> {
         let img = decode(bytes, &self.decode)?;
         Ok(self.transform.apply(img, rng)?)
+    }
+
+    /// Fused decode + crop: decode only the rows and iMCU columns the crop
+    /// needs (plus the resampling filter's margin), at 1/2, 1/4 or 1/8 scale
+    /// when the crop is at least that many times the output. `Ok(None)` when
+    /// it does not apply (not a JPEG, EXIF-rotated, CMYK, no libjpeg, or no
+    /// transform).
+    pub fn run_fused(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Option<Image>, BoxError> {
+        use crate::decode::{
+            check_pixels, has_eoi_or_data, is_jpeg, jpeg_orientation, Backend, DecodeError,
+        };
+        if matches!(self.transform, Transform::None)
+            || self.decode.backend != Backend::Auto
+            || !crate::libjpeg::AVAILABLE
+            || !is_jpeg(bytes)
+        {
+            return Ok(None);
+        }
+        if !has_eoi_or_data(bytes) {
+            return Err(DecodeError::Jpeg(
+                "the file ends inside the image data (truncated)".into(),
+            )
+            .into());
+        }
+        if self.decode.apply_exif && jpeg_orientation(bytes) != 1 {
+            return Ok(None);
+        }
+        let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? else {
+            return Ok(None);
+        };
+        check_pixels(u64::from(w), u64::from(h), self.decode.max_pixels)?;
+        let (region, out_w, out_h, flip) = match self.transform {
+            Transform::None => return Ok(None),
+            Transform::Train {
+                size,
+                scale,
+                ratio,
+                flip_p,
+            } => {
+                let b = random_resized_crop_box(rng, w, h, scale, ratio);
+                let flip = rng.random::<f64>() < flip_p;
+                let region = (
+                    f64::from(b.left),
+                    f64::from(b.top),
+                    f64::from(b.width),
+                    f64::from(b.height),
+                );
+                (region, size, size, flip)
+            }
+            Transform::Eval { resize, size } => {
+                let (nw, nh) = eval_resize_size(w, h, resize);
+                let b = center_crop_box(nw, nh, size);
+                let sx = f64::from(w) / f64::from(nw);
+                let sy = f64::from(h) / f64::from(nh);
+                let region = (
+                    f64::from(b.left) * sx,
+                    f64::from(b.top) * sy,
+                    f64::from(b.width) * sx,
+                    f64::from(b.height) * sy,
+                );
+                (region, b.width, b.height, false)
+            }
+        };
+        // The filter reads about one output pixel's worth of source beyond
+        // the region on each side.
+        let mx = (region.2 / f64::from(out_w)).ceil() as u32 + 1;
+        let my = (region.3 / f64::from(out_h)).ceil() as u32 + 1;
+        let x0 = (region.0.floor() as u32).saturating_sub(mx);
+        let y0 = (region.1.floor() as u32).saturating_sub(my);
+        let x1 = (((region.0 + region.2).ceil() as u32) + mx).min(w);
+        let y1 = (((region.1 + region.3).ceil() as u32) + my).min(h);
+        let denom = [8u32, 4, 2]
+            .into_iter()
+            .find(|&d| {
+                region.2 / f64::from(d) >= f64::from(out_w)
+                    && region.3 / f64::from(d) >= f64::from(out_h)
+            })
+            .unwrap_or(1);
+        let Some(r) =
+            crate::libjpeg::decode_region(bytes, denom, self.decode.fast, x0, y0, x1 - x0, y1 - y0)
+                .map_err(DecodeError::Jpeg)?
+        else {
+            return Ok(None);
+        };
+        let d = f64::from(denom);
+        let (rx, ry) = (f64::from(r.x), f64::from(r.y));
+        let (rw, rh) = (f64::from(r.width), f64::from(r.height));
+        let img = Image::new(r.width, r.height, r.data)?;
+        let left = (region.0 / d - rx).clamp(0.0, rw);
+        let top = (region.1 / d - ry).clamp(0.0, rh);
+        let inner = (
+            left,
+            top,
+            (region.2 / d).min(rw - left),
+            (region.3 / d).min(rh - top),
+        );
+        let mut out = resize_crop(&img, inner, out_w, out_h)?;
+        if flip {
+            out.flip_horizontal();
+        }
+        Ok(Some(out))
     }
 }
 

@@ -1,0 +1,162 @@
+/*
+ * Region decoding with the system libjpeg(-turbo): decode only the rows and
+ * iMCU columns a crop needs, optionally at 1/2, 1/4 or 1/8 scale in the DCT
+ * domain. Errors longjmp back here and come out as a message; nothing exits.
+ */
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+#include <jpeglib.h>
+#include <jerror.h>
+
+struct ff_err {
+  struct jpeg_error_mgr pub;
+  jmp_buf jump;
+  int eof;
+  char msg[JMSG_LENGTH_MAX];
+};
+
+static void ff_error_exit(j_common_ptr cinfo) {
+  struct ff_err *e = (struct ff_err *)cinfo->err;
+  (*cinfo->err->format_message)(cinfo, e->msg);
+  longjmp(e->jump, 1);
+}
+
+static void ff_emit_message(j_common_ptr cinfo, int level) {
+  struct ff_err *e = (struct ff_err *)cinfo->err;
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
+    e->eof = 1;
+  }
+}
+
+static void ff_output_message(j_common_ptr cinfo) { (void)cinfo; }
+
+static void copy_msg(char *dst, size_t cap, const char *src) {
+  if (cap == 0) return;
+  strncpy(dst, src, cap - 1);
+  dst[cap - 1] = 0;
+}
+
+#define FF_OK 0
+#define FF_ERROR 1
+#define FF_UNSUPPORTED 2
+
+/* Header only: size and whether libjpeg can produce RGB from it. */
+int ff_jpeg_header(const unsigned char *data, unsigned long len, int *width,
+                   int *height, char *msg, unsigned long msg_cap) {
+  struct jpeg_decompress_struct cinfo;
+  struct ff_err err;
+  int rc = FF_OK;
+  memset(&err, 0, sizeof err);
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = ff_error_exit;
+  err.pub.emit_message = ff_emit_message;
+  err.pub.output_message = ff_output_message;
+  if (setjmp(err.jump)) {
+    copy_msg(msg, msg_cap, err.msg);
+    jpeg_destroy_decompress(&cinfo);
+    return FF_ERROR;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, len);
+  jpeg_read_header(&cinfo, TRUE);
+  *width = (int)cinfo.image_width;
+  *height = (int)cinfo.image_height;
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    rc = FF_UNSUPPORTED;
+  }
+  jpeg_destroy_decompress(&cinfo);
+  return rc;
+}
+
+/*
+ * Decodes the region (x, y, w, h) of the full-resolution image at 1/denom
+ * scale. The delivered region starts at scaled column *out_x (aligned down
+ * to an iMCU boundary by libjpeg) and row *out_y, and is *out_w by *out_h
+ * RGB pixels, written with a stride of *out_w * 3 bytes into out. With
+ * fast set, the integer fast IDCT and plain chroma replication are used
+ * (faster, slightly less accurate than the defaults Pillow also uses).
+ */
+int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
+                          int denom, int fast, int x, int y, int w, int h,
+                          unsigned char *out, unsigned long out_cap,
+                          int *out_x, int *out_y, int *out_w, int *out_h,
+                          char *msg, unsigned long msg_cap) {
+  struct jpeg_decompress_struct cinfo;
+  struct ff_err err;
+  JDIMENSION sx, sy, ex, ey, xoff, cw, row;
+  memset(&err, 0, sizeof err);
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = ff_error_exit;
+  err.pub.emit_message = ff_emit_message;
+  err.pub.output_message = ff_output_message;
+  if (setjmp(err.jump)) {
+    copy_msg(msg, msg_cap, err.msg);
+    jpeg_destroy_decompress(&cinfo);
+    return FF_ERROR;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, len);
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    jpeg_destroy_decompress(&cinfo);
+    return FF_UNSUPPORTED;
+  }
+  cinfo.out_color_space = JCS_RGB;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = (unsigned int)denom;
+  if (fast) {
+    /* Integer fast IDCT and box ("non-fancy") chroma upsampling. */
+    cinfo.dct_method = JDCT_IFAST;
+    cinfo.do_fancy_upsampling = FALSE;
+  }
+  jpeg_start_decompress(&cinfo);
+  if (cinfo.output_components != 3) {
+    copy_msg(msg, msg_cap, "decoder did not produce RGB");
+    jpeg_destroy_decompress(&cinfo);
+    return FF_ERROR;
+  }
+  sx = (JDIMENSION)(x / denom);
+  sy = (JDIMENSION)(y / denom);
+  ex = (JDIMENSION)((x + w + denom - 1) / denom);
+  ey = (JDIMENSION)((y + h + denom - 1) / denom);
+  if (ex > cinfo.output_width) ex = cinfo.output_width;
+  if (ey > cinfo.output_height) ey = cinfo.output_height;
+  if (sx >= ex || sy >= ey) {
+    copy_msg(msg, msg_cap, "empty region");
+    jpeg_destroy_decompress(&cinfo);
+    return FF_ERROR;
+  }
+  xoff = sx;
+  cw = ex - sx;
+  if (xoff > 0 || cw < cinfo.output_width) {
+    jpeg_crop_scanline(&cinfo, &xoff, &cw);
+  }
+  if ((unsigned long)cw * 3UL * (unsigned long)(ey - sy) > out_cap) {
+    copy_msg(msg, msg_cap, "output buffer too small");
+    jpeg_destroy_decompress(&cinfo);
+    return FF_ERROR;
+  }
+  if (sy > 0) {
+    jpeg_skip_scanlines(&cinfo, sy);
+  }
+  for (row = 0; row < ey - sy;) {
+    JSAMPROW ptr = out + (unsigned long)row * cw * 3UL;
+    JDIMENSION got = jpeg_read_scanlines(&cinfo, &ptr, 1);
+    if (got == 0) break;
+    row += got;
+    if (err.eof) break;
+  }
+  if (err.eof || row < ey - sy) {
+    copy_msg(msg, msg_cap, "premature end of JPEG data (truncated file)");
+    jpeg_destroy_decompress(&cinfo);
+    return FF_ERROR;
+  }
+  *out_x = (int)xoff;
+  *out_y = (int)sy;
+  *out_w = (int)cw;
+  *out_h = (int)(ey - sy);
+  jpeg_abort_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return FF_OK;
+}

@@ -1,0 +1,181 @@
+//! Region decoding through the system libjpeg(-turbo) (`csrc/ffjpeg.c`):
+//! only the rows and iMCU columns a crop needs are decoded, optionally at
+//! 1/2, 1/4 or 1/8 scale in the DCT domain — what libjpeg-turbo's
+//! `jpeg_crop_scanline`/`jpeg_skip_scanlines` and PIL's `draft()` offer.
+//!
+//! Built only when the headers and library are present (see `build.rs`);
+//! [`AVAILABLE`] says whether it was.
+//!
+//! ```
+//! let jpeg = ferrofeed_vision::synth::jpeg(2, 3, 90).unwrap();
+//! if ferrofeed_vision::libjpeg::AVAILABLE {
+//!     let (w, h) = ferrofeed_vision::libjpeg::header(&jpeg).unwrap().unwrap();
+//!     let r = ferrofeed_vision::libjpeg::decode_region(&jpeg, 2, false, 100, 50, 200, 150).unwrap().unwrap();
+//!     assert!(r.x <= 50 && r.x + r.width >= 150 && r.height == 75);
+//!     assert!(w > 0 && h > 0);
+//! }
+//! ```
+
+/// Whether the libjpeg region decoder was built into this binary.
+pub const AVAILABLE: bool = cfg!(ff_libjpeg);
+
+/// A decoded region in scaled coordinates.
+#[derive(Debug, Clone)]
+pub struct Region {
+    /// First column (scaled; aligned down to an iMCU boundary).
+    pub x: u32,
+    /// First row (scaled).
+    pub y: u32,
+    /// Columns delivered.
+    pub width: u32,
+    /// Rows delivered.
+    pub height: u32,
+    /// The scale divisor used (1, 2, 4, 8).
+    pub denom: u32,
+    /// RGB rows of `width × 3` bytes.
+    pub data: Vec<u8>,
+}
+
+#[cfg(ff_libjpeg)]
+mod ffi {
+    use std::os::raw::{c_char, c_int, c_uchar, c_ulong};
+    extern "C" {
+        pub fn ff_jpeg_header(
+            data: *const c_uchar,
+            len: c_ulong,
+            width: *mut c_int,
+            height: *mut c_int,
+            msg: *mut c_char,
+            msg_cap: c_ulong,
+        ) -> c_int;
+        #[allow(clippy::too_many_arguments)]
+        pub fn ff_jpeg_decode_region(
+            data: *const c_uchar,
+            len: c_ulong,
+            denom: c_int,
+            fast: c_int,
+            x: c_int,
+            y: c_int,
+            w: c_int,
+            h: c_int,
+            out: *mut c_uchar,
+            out_cap: c_ulong,
+            out_x: *mut c_int,
+            out_y: *mut c_int,
+            out_w: *mut c_int,
+            out_h: *mut c_int,
+            msg: *mut c_char,
+            msg_cap: c_ulong,
+        ) -> c_int;
+    }
+}
+
+#[cfg(ff_libjpeg)]
+fn message(buf: &[u8]) -> String {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Image size from the header; `Ok(None)` when libjpeg cannot produce RGB
+/// from it (CMYK/YCCK) or was not built.
+pub fn header(bytes: &[u8]) -> Result<Option<(u32, u32)>, String> {
+    #[cfg(ff_libjpeg)]
+    {
+        let (mut w, mut h) = (0, 0);
+        let mut msg = [0u8; 256];
+        // SAFETY: pointers to live buffers with their true lengths; the C
+        // side never keeps them.
+        let rc = unsafe {
+            ffi::ff_jpeg_header(
+                bytes.as_ptr(),
+                bytes.len() as _,
+                &mut w,
+                &mut h,
+                msg.as_mut_ptr().cast(),
+                msg.len() as _,
+            )
+        };
+        match rc {
+            0 => Ok(Some((w as u32, h as u32))),
+            2 => Ok(None),
+            _ => Err(message(&msg)),
+        }
+    }
+    #[cfg(not(ff_libjpeg))]
+    {
+        let _ = bytes;
+        Ok(None)
+    }
+}
+
+/// Decodes the full-resolution region `(x, y, w, h)` at `1/denom` scale;
+/// `Ok(None)` when libjpeg cannot produce RGB (CMYK/YCCK) or was not built.
+/// `fast` trades a little accuracy for speed (fast integer IDCT, plain
+/// chroma upsampling).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_region(
+    bytes: &[u8],
+    denom: u32,
+    fast: bool,
+    x: u32,
+    y: u32,
+    w: u32,
+    h: u32,
+) -> Result<Option<Region>, String> {
+    #[cfg(ff_libjpeg)]
+    {
+        if ![1, 2, 4, 8].contains(&denom) {
+            return Err(format!("scale 1/{denom} is not supported"));
+        }
+        let sw = (w as usize).div_ceil(denom as usize) + 2;
+        let sh = (h as usize).div_ceil(denom as usize) + 2;
+        // iMCU alignment widens the region by at most 32 columns each side.
+        let cap = (sw + 64) * sh * 3;
+        let mut out = vec![0u8; cap];
+        let (mut ox, mut oy, mut ow, mut oh) = (0, 0, 0, 0);
+        let mut msg = [0u8; 256];
+        let to_int = |v: u32| i32::try_from(v).map_err(|_| format!("coordinate {v} is too large"));
+        // SAFETY: as in `header`; `out` has `cap` writable bytes and the C
+        // side checks its writes against `cap`.
+        let rc = unsafe {
+            ffi::ff_jpeg_decode_region(
+                bytes.as_ptr(),
+                bytes.len() as _,
+                denom as i32,
+                i32::from(fast),
+                to_int(x)?,
+                to_int(y)?,
+                to_int(w)?,
+                to_int(h)?,
+                out.as_mut_ptr(),
+                cap as _,
+                &mut ox,
+                &mut oy,
+                &mut ow,
+                &mut oh,
+                msg.as_mut_ptr().cast(),
+                msg.len() as _,
+            )
+        };
+        match rc {
+            0 => {
+                out.truncate(ow as usize * oh as usize * 3);
+                Ok(Some(Region {
+                    x: ox as u32,
+                    y: oy as u32,
+                    width: ow as u32,
+                    height: oh as u32,
+                    denom,
+                    data: out,
+                }))
+            }
+            2 => Ok(None),
+            _ => Err(message(&msg)),
+        }
+    }
+    #[cfg(not(ff_libjpeg))]
+    {
+        let _ = (bytes, denom, fast, x, y, w, h);
+        Ok(None)
+    }
+}
