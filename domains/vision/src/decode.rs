@@ -171,6 +171,13 @@ fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError>
             "the file ends inside the image data (truncated)".into(),
         ));
     }
+    let head = jpeg_header(bytes);
+    check_pixels(
+        u64::from(head.width),
+        u64::from(head.height),
+        opts.max_pixels,
+    )?;
+    let orientation = if opts.apply_exif { head.orientation } else { 1 };
     if opts.backend == Backend::Auto && crate::libjpeg::AVAILABLE {
         if let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? {
             check_pixels(u64::from(w), u64::from(h), opts.max_pixels)?;
@@ -178,12 +185,7 @@ fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError>
                 .map_err(DecodeError::Jpeg)?
             {
                 let img = Image::new(r.width, r.height, r.data).map_err(DecodeError::Jpeg)?;
-                let o = if opts.apply_exif {
-                    jpeg_orientation(bytes)
-                } else {
-                    1
-                };
-                return Ok(orient(img, o));
+                return Ok(orient(img, orientation));
             }
         }
     }
@@ -200,11 +202,6 @@ fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError>
             "the file ends inside the image data (truncated)".into(),
         ));
     }
-    let orientation = if opts.apply_exif {
-        d.exif().map(|e| exif_orientation(e)).unwrap_or(1)
-    } else {
-        1
-    };
     let data = d
         .decode()
         .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
@@ -220,13 +217,29 @@ pub(crate) fn has_eoi_or_data(bytes: &[u8]) -> bool {
     tail.windows(2).any(|w| w == [0xFF, 0xD9])
 }
 
-/// The EXIF orientation of a JPEG (1–8; 1 when absent), found by walking
-/// the marker segments before the image data.
-pub fn jpeg_orientation(bytes: &[u8]) -> u32 {
+/// What the marker segments before a JPEG's image data say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JpegHeader {
+    /// Width from the frame header (0 when none was found).
+    pub width: u32,
+    /// Height from the frame header.
+    pub height: u32,
+    /// EXIF orientation, 1–8 (1 when absent).
+    pub orientation: u32,
+}
+
+/// Walks the marker segments up to the first scan: frame size and EXIF
+/// orientation, without decoding anything.
+pub fn jpeg_header(bytes: &[u8]) -> JpegHeader {
+    let mut h = JpegHeader {
+        width: 0,
+        height: 0,
+        orientation: 1,
+    };
     let mut i = 2;
     while i + 4 <= bytes.len() {
         if bytes[i] != 0xFF {
-            return 1;
+            break;
         }
         let marker = bytes[i + 1];
         if marker == 0xFF {
@@ -234,16 +247,25 @@ pub fn jpeg_orientation(bytes: &[u8]) -> u32 {
             continue;
         }
         if marker == 0xDA || marker == 0xD9 {
-            return 1; // start of scan / end of image: no EXIF before the data
+            break; // start of scan / end of image
         }
         let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
         let seg = &bytes[(i + 4).min(bytes.len())..(i + 2 + len).min(bytes.len())];
-        if marker == 0xE1 && seg.starts_with(b"Exif\0\0") {
-            return exif_orientation(&seg[6..]);
+        let is_sof = matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC);
+        if is_sof && seg.len() >= 5 && h.width == 0 {
+            h.height = u32::from(u16::from_be_bytes([seg[1], seg[2]]));
+            h.width = u32::from(u16::from_be_bytes([seg[3], seg[4]]));
+        } else if marker == 0xE1 && seg.starts_with(b"Exif\0\0") && h.orientation == 1 {
+            h.orientation = exif_orientation(&seg[6..]);
         }
         i += 2 + len;
     }
-    1
+    h
+}
+
+/// The EXIF orientation of a JPEG (1–8; 1 when absent).
+pub fn jpeg_orientation(bytes: &[u8]) -> u32 {
+    jpeg_header(bytes).orientation
 }
 
 /// The EXIF orientation (1–8), 1 when absent or unreadable.

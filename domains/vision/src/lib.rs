@@ -30,7 +30,10 @@ pub mod libjpeg;
 pub mod synth;
 pub mod transform;
 
-pub use decode::{decode, jpeg_orientation, peek_dimensions, Backend, DecodeError, DecodeOptions};
+pub use decode::{
+    decode, jpeg_header, jpeg_orientation, peek_dimensions, Backend, DecodeError, DecodeOptions,
+    JpegHeader,
+};
 pub use image::{Image, NormalizedImage};
 pub use transform::{
     center_crop_box, eval_resize_size, random_resized_crop_box, resize_crop, CropBox,

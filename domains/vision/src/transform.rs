@@ -311,7 +311,7 @@ impl DecodeTransform {
     /// transform).
     pub fn run_fused(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Option<Image>, BoxError> {
         use crate::decode::{
-            check_pixels, has_eoi_or_data, is_jpeg, jpeg_orientation, Backend, DecodeError,
+            check_pixels, has_eoi_or_data, is_jpeg, jpeg_header, Backend, DecodeError,
         };
         if matches!(self.transform, Transform::None)
             || self.decode.backend != Backend::Auto
@@ -326,7 +326,13 @@ impl DecodeTransform {
             )
             .into());
         }
-        if self.decode.apply_exif && jpeg_orientation(bytes) != 1 {
+        let head = jpeg_header(bytes);
+        check_pixels(
+            u64::from(head.width),
+            u64::from(head.height),
+            self.decode.max_pixels,
+        )?;
+        if self.decode.apply_exif && head.orientation != 1 {
             return Ok(None);
         }
         let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? else {

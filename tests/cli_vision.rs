@@ -1,0 +1,438 @@
+//! The `ferrofeed` command end to end, as a user or a script runs it.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn ff() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferrofeed"));
+    c.env(
+        "FERROFEED_CACHE_DIR",
+        std::env::temp_dir().join("ferrofeed-test-cache"),
+    );
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    ff().args(args).output().expect("the binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "ferrofeed {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn make_dataset(dir: &Path, count: u64, seed: u64) {
+    ok(&[
+        "make-dataset",
+        "vision",
+        dir.to_str().unwrap(),
+        "--count",
+        &count.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ]);
+}
+
+fn jpgs(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = walk(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Parses the header of a `.npy` file: (descr, shape).
+fn npy_header(path: &Path) -> (String, Vec<usize>) {
+    let bytes = std::fs::read(path).unwrap();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let h = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+    let descr = h
+        .split("'descr': '")
+        .nth(1)
+        .unwrap()
+        .split('\'')
+        .next()
+        .unwrap()
+        .to_string();
+    let shape_src = h
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    let shape = shape_src
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    (descr, shape)
+}
+
+#[test]
+fn make_dataset_is_deterministic_and_imagenet_like() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    make_dataset(&a, 30, 4);
+    make_dataset(&b, 30, 4);
+    let (fa, fb) = (jpgs(&a), jpgs(&b));
+    assert_eq!(fa.len(), 30);
+    let classes = std::fs::read_dir(&a).unwrap().count();
+    assert_eq!(classes, 10);
+    for (x, y) in fa.iter().zip(&fb) {
+        assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap());
+    }
+    let sizes: Vec<u64> = fa
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .collect();
+    let mean = sizes.iter().sum::<u64>() / sizes.len() as u64;
+    assert!(
+        (30_000..150_000).contains(&mean),
+        "mean JPEG size {mean} bytes is not photo-like"
+    );
+}
+
+#[test]
+fn dump_writes_batches_and_is_identical_across_runs_and_worker_counts() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 20, 1);
+    let dump = |name: &str, workers: &str| {
+        let out = d.path().join(name);
+        ok(&[
+            "vision",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "8",
+            "--seed",
+            "5",
+            "--size",
+            "64",
+            "--workers",
+            workers,
+            "--quiet",
+            "--dump",
+            out.to_str().unwrap(),
+        ]);
+        out
+    };
+    let one = dump("one", "1");
+    let two = dump("two", "2");
+    let (descr, shape) = npy_header(&one.join("images_000000.npy"));
+    assert_eq!((descr.as_str(), shape), ("|u1", vec![8, 3, 64, 64]));
+    assert_eq!(
+        npy_header(&one.join("labels_000000.npy")),
+        ("<i8".to_string(), vec![8])
+    );
+    assert_eq!(
+        npy_header(&one.join("indices_000000.npy")),
+        ("<i8".to_string(), vec![8])
+    );
+    assert_eq!(
+        npy_header(&one.join("images_000002.npy")).1,
+        vec![4, 3, 64, 64]
+    );
+    assert!(!one.join("images_000003.npy").exists());
+    for k in 0..3 {
+        for col in ["images", "labels", "indices"] {
+            let f = format!("{col}_{k:06}.npy");
+            assert_eq!(
+                std::fs::read(one.join(&f)).unwrap(),
+                std::fs::read(two.join(&f)).unwrap(),
+                "{f}"
+            );
+        }
+    }
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(one.join("index.json")).unwrap()).unwrap();
+    let entries = index.as_array().unwrap();
+    assert_eq!(entries.len(), 20);
+    assert_eq!(entries[3]["index"], 3);
+    assert!(entries[3]["path"].as_str().unwrap().ends_with(".jpg"));
+    // A different seed shuffles differently.
+    let other = d.path().join("other");
+    ok(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--seed",
+        "6",
+        "--size",
+        "64",
+        "--quiet",
+        "--dump",
+        other.to_str().unwrap(),
+    ]);
+    assert_ne!(
+        std::fs::read(one.join("indices_000000.npy")).unwrap(),
+        std::fs::read(other.join("indices_000000.npy")).unwrap()
+    );
+}
+
+fn corrupt_dataset(root: &Path) -> Vec<String> {
+    make_dataset(root, 20, 2);
+    let files = jpgs(root);
+    // Truncated, zero-byte, not an image, garbage after a valid header.
+    let bytes = std::fs::read(&files[3]).unwrap();
+    std::fs::write(&files[3], &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(&files[7], b"").unwrap();
+    std::fs::write(&files[11], b"plain text, not a picture").unwrap();
+    let bomb = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/vision/bomb_65535.jpg"),
+    )
+    .unwrap();
+    std::fs::write(&files[15], bomb).unwrap();
+    [3, 7, 11, 15]
+        .iter()
+        .map(|&i| files[i].display().to_string())
+        .collect()
+}
+
+#[test]
+fn skip_policy_completes_and_reports_every_bad_file_once() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let bad = corrupt_dataset(&data);
+    let report = d.path().join("report.json");
+    let out = ok(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--on-error",
+        "skip",
+        "--batch-size",
+        "6",
+        "--size",
+        "32",
+        "--quiet",
+        "--report-json",
+        report.to_str().unwrap(),
+    ]);
+    assert!(out.contains("skipped 4 samples"), "{out}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["domain"], "vision");
+    assert_eq!(r["samples"], 16);
+    let skipped = r["skipped"].as_array().unwrap();
+    let mut paths: Vec<String> = skipped
+        .iter()
+        .map(|s| s["path"].as_str().unwrap().to_string())
+        .collect();
+    paths.sort();
+    let mut want = bad.clone();
+    want.sort();
+    assert_eq!(paths, want);
+    for s in skipped {
+        assert_eq!(s["stage"], "decode");
+        assert!(s["index"].is_u64());
+        assert!(!s["error"].as_str().unwrap().is_empty());
+    }
+    let errors: Vec<&str> = skipped
+        .iter()
+        .map(|s| s["error"].as_str().unwrap())
+        .collect();
+    assert!(errors.iter().any(|e| e.contains("truncated")), "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.contains("empty file")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("not an image")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("pixel limit")),
+        "{errors:?}"
+    );
+    for key in [
+        "stages",
+        "workers",
+        "cpus_available",
+        "peak_bytes_in_flight",
+        "samples_per_s",
+        "seconds",
+        "batches",
+    ] {
+        assert!(!r[key].is_null(), "{key} missing");
+    }
+}
+
+#[test]
+fn fail_policy_exits_non_zero_with_one_line_naming_the_sample() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let bad = corrupt_dataset(&data);
+    let out = run(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--shuffle",
+        "false",
+        "--size",
+        "32",
+        "--quiet",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
+    assert!(line.contains("sample 3"), "{line}");
+    assert!(line.contains(&bad[0]), "{line}");
+    assert!(line.contains("stage `decode`"), "{line}");
+}
+
+#[test]
+fn transform_none_refuses_mixed_sizes_naming_the_sample() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 6, 9);
+    let out = run(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--transform",
+        "none",
+        "--batch-size",
+        "6",
+        "--quiet",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("stage `collate`") && err.contains("shape"),
+        "{err}"
+    );
+    assert!(err.contains("sample "), "{err}");
+}
+
+#[test]
+fn unusable_datasets_and_arguments_are_clear_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let out = run(&["vision", d.path().to_str().unwrap(), "--quiet"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no class folders"));
+    let out = run(&["vision", d.path().join("missing").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let out = run(&["vision", d.path().to_str().unwrap(), "--workers", "0"]);
+    assert_eq!(out.status.code(), Some(2), "clap rejects it");
+    let out = run(&[
+        "vision",
+        d.path().to_str().unwrap(),
+        "--max-bytes-in-flight",
+        "lots",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&[
+        "vision",
+        d.path().to_str().unwrap(),
+        "--on-error",
+        "sometimes",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn inspect_prints_every_stage_and_writes_pngs() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 12, 3);
+    let out_dir = d.path().join("look");
+    let out = ok(&[
+        "inspect",
+        "vision",
+        data.to_str().unwrap(),
+        "--index",
+        "5",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    for stage in ["[source]", "[read]", "[decode]", "[collate]"] {
+        assert!(out.contains(stage), "{stage} missing in:\n{out}");
+    }
+    assert!(out.contains("Image RGB u8 [224, 224, 3]"), "{out}");
+    let pngs: Vec<PathBuf> = walk(&out_dir);
+    assert_eq!(pngs.len(), 1, "one stage holds an image: {pngs:?}");
+    let past = run(&["inspect", "vision", data.to_str().unwrap(), "--index", "12"]);
+    assert!(!past.status.success());
+    assert!(String::from_utf8_lossy(&past.stderr).contains("the dataset has 12 samples"));
+}
+
+#[test]
+fn webdataset_shards_run_and_name_members() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 10, 8);
+    let shards = d.path().join("shards");
+    std::fs::create_dir_all(&shards).unwrap();
+    for (s, chunk) in jpgs(&data).chunks(5).enumerate() {
+        let f = std::fs::File::create(shards.join(format!("shard-{s:03}.tar"))).unwrap();
+        let mut b = tar::Builder::new(f);
+        for (i, p) in chunk.iter().enumerate() {
+            let key = format!("s{s}_{i}");
+            let label = if i == 2 {
+                "oops".to_string()
+            } else {
+                format!("{}\n", i % 3)
+            };
+            for (name, bytes) in [
+                (format!("{key}.jpg"), std::fs::read(p).unwrap()),
+                (format!("{key}.cls"), label.into_bytes()),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(bytes.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, name, bytes.as_slice()).unwrap();
+            }
+        }
+        b.into_inner().unwrap();
+    }
+    let dump = d.path().join("dump");
+    let report = d.path().join("r.json");
+    ok(&[
+        "vision",
+        shards.to_str().unwrap(),
+        "--on-error",
+        "skip",
+        "--size",
+        "48",
+        "--quiet",
+        "--dump",
+        dump.to_str().unwrap(),
+        "--report-json",
+        report.to_str().unwrap(),
+    ]);
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dump.join("index.json")).unwrap()).unwrap();
+    let entries = index.as_array().unwrap();
+    assert_eq!(entries.len(), 10);
+    assert!(entries[0]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("shard-000.tar#s0_0"));
+    assert_eq!(entries[1]["label"], 1);
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["samples"], 8, "the two bad labels are skipped");
+    let skipped = r["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 2);
+    assert_eq!(skipped[0]["stage"], "source");
+    assert!(skipped[0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("not an integer label"));
+}
