@@ -1,9 +1,10 @@
 //! Batches: a columnar table of named tensors plus the dataset indices of the
 //! samples in it.
 //!
-//! A [`Tensor`] is a contiguous, 64-byte-aligned buffer with a shape and a
-//! [`DType`]. Its storage is either owned memory or any [`HostBuffer`]
-//! (for instance a page-locked buffer taken from a recycling pool).
+//! A [`Tensor`] is a contiguous buffer with a shape and a [`DType`]. Its
+//! storage is inline for tensors of at most 64 bytes (a batch of scalars
+//! costs no allocation), 64-byte-aligned owned memory otherwise, or any
+//! [`HostBuffer`] (for instance a page-locked buffer from a recycling pool).
 //!
 //! ```
 //! use ferrofeed_core::{Tensor, DType};
@@ -14,6 +15,7 @@
 //! assert!(t.as_slice::<f32>().is_err(), "the dtype is checked");
 //! ```
 use std::fmt;
+use std::sync::Arc;
 
 use crate::budget::Lease;
 
@@ -120,14 +122,42 @@ unsafe impl bytemuck::Zeroable for Line {}
 unsafe impl bytemuck::Pod for Line {}
 
 enum Storage {
+    Inline([u64; 8]),
     Owned(Vec<Line>),
     External(Box<dyn HostBuffer>),
+}
+
+/// At most this many dimensions.
+pub const MAX_DIMS: usize = 8;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    dims: [usize; MAX_DIMS],
+    len: u8,
+}
+
+impl Shape {
+    fn new(dims: &[usize]) -> Shape {
+        assert!(
+            dims.len() <= MAX_DIMS,
+            "tensors have at most {MAX_DIMS} dimensions"
+        );
+        let mut s = Shape {
+            dims: [0; MAX_DIMS],
+            len: dims.len() as u8,
+        };
+        s.dims[..dims.len()].copy_from_slice(dims);
+        s
+    }
+    fn as_slice(&self) -> &[usize] {
+        &self.dims[..self.len as usize]
+    }
 }
 
 /// A contiguous, row-major n-dimensional array.
 pub struct Tensor {
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Shape,
     len_bytes: usize,
     storage: Storage,
 }
@@ -144,14 +174,21 @@ pub struct DTypeMismatch {
 
 impl Tensor {
     /// A zero-filled tensor.
+    ///
+    /// # Panics
+    /// With more than [`MAX_DIMS`] dimensions.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
         let len_bytes = shape.iter().product::<usize>() * dtype.size();
-        let lines = len_bytes.div_ceil(64);
+        let storage = if len_bytes <= 64 {
+            Storage::Inline([0; 8])
+        } else {
+            Storage::Owned(vec![Line([0; 64]); len_bytes.div_ceil(64)])
+        };
         Tensor {
             dtype,
-            shape: shape.to_vec(),
+            shape: Shape::new(shape),
             len_bytes,
-            storage: Storage::Owned(vec![Line([0; 64]); lines]),
+            storage,
         }
     }
 
@@ -191,7 +228,7 @@ impl Tensor {
         }
         Ok(Tensor {
             dtype,
-            shape: shape.to_vec(),
+            shape: Shape::new(shape),
             len_bytes,
             storage: Storage::External(buffer),
         })
@@ -203,11 +240,11 @@ impl Tensor {
     }
     /// The shape.
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        self.shape.as_slice()
     }
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape().iter().product()
     }
     /// Bytes of data.
     pub fn nbytes(&self) -> usize {
@@ -216,7 +253,7 @@ impl Tensor {
     /// Whether the data lives in page-locked memory.
     pub fn is_pinned(&self) -> bool {
         match &self.storage {
-            Storage::Owned(_) => false,
+            Storage::Inline(_) | Storage::Owned(_) => false,
             Storage::External(b) => b.is_pinned(),
         }
     }
@@ -224,6 +261,7 @@ impl Tensor {
     /// The raw bytes (native endianness).
     pub fn as_bytes(&self) -> &[u8] {
         match &self.storage {
+            Storage::Inline(a) => &bytemuck::cast_slice::<u64, u8>(a)[..self.len_bytes],
             Storage::Owned(v) => &bytemuck::cast_slice::<Line, u8>(v)[..self.len_bytes],
             Storage::External(b) => &b.as_bytes()[..self.len_bytes],
         }
@@ -232,6 +270,7 @@ impl Tensor {
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         let n = self.len_bytes;
         match &mut self.storage {
+            Storage::Inline(a) => &mut bytemuck::cast_slice_mut::<u64, u8>(a)[..n],
             Storage::Owned(v) => &mut bytemuck::cast_slice_mut::<Line, u8>(v)[..n],
             Storage::External(b) => &mut b.as_bytes_mut()[..n],
         }
@@ -260,10 +299,11 @@ impl Tensor {
     /// Keeps the first `n` rows (the leading dimension); used when samples
     /// are dropped from a batch after its buffer was sized.
     pub fn truncate_rows(&mut self, n: usize) {
-        if let Some(first) = self.shape.first_mut() {
-            if n < *first {
-                let row = self.len_bytes / (*first).max(1);
-                *first = n;
+        if self.shape.len > 0 {
+            let first = self.shape.dims[0];
+            if n < first {
+                let row = self.len_bytes / first.max(1);
+                self.shape.dims[0] = n;
                 self.len_bytes = row * n;
             }
         }
@@ -271,13 +311,13 @@ impl Tensor {
 
     /// The `.npy` (version 1.0) encoding of this tensor.
     pub fn to_npy(&self) -> Vec<u8> {
-        let shape = match self.shape.len() {
+        let dims = self.shape();
+        let shape = match dims.len() {
             0 => "()".to_string(),
-            1 => format!("({},)", self.shape[0]),
+            1 => format!("({},)", dims[0]),
             _ => format!(
                 "({})",
-                self.shape
-                    .iter()
+                dims.iter()
                     .map(|d| d.to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
@@ -303,7 +343,7 @@ impl Tensor {
 
 impl Clone for Tensor {
     fn clone(&self) -> Self {
-        let mut t = Tensor::zeros(self.dtype, &self.shape);
+        let mut t = Tensor::zeros(self.dtype, self.shape());
         t.as_bytes_mut().copy_from_slice(self.as_bytes());
         t
     }
@@ -311,15 +351,15 @@ impl Clone for Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({} {:?})", self.dtype, self.shape)
+        write!(f, "Tensor({} {:?})", self.dtype, self.shape())
     }
 }
 
 /// A batch: named tensors (columns) and the dataset index of each row.
 pub struct Batch {
-    columns: Vec<(String, Tensor)>,
-    indices: Vec<u64>,
-    pub(crate) lease: Option<Lease>,
+    columns: Vec<(Arc<str>, Tensor)>,
+    indices: smallvec::SmallVec<[u64; 4]>,
+    pub(crate) lease: Option<std::sync::Arc<Lease>>,
 }
 
 impl fmt::Debug for Batch {
@@ -335,15 +375,15 @@ impl Batch {
     /// A batch with no columns for the given dataset indices.
     pub fn new(indices: Vec<u64>) -> Batch {
         Batch {
-            columns: Vec::new(),
-            indices,
+            columns: Vec::with_capacity(2),
+            indices: indices.into(),
             lease: None,
         }
     }
     /// Adds (or replaces) a column.
-    pub fn insert(&mut self, name: impl Into<String>, tensor: Tensor) {
+    pub fn insert(&mut self, name: impl Into<Arc<str>>, tensor: Tensor) {
         let name = name.into();
-        if let Some(c) = self.columns.iter_mut().find(|(n, _)| *n == name) {
+        if let Some(c) = self.columns.iter_mut().find(|(n, _)| **n == *name) {
             c.1 = tensor;
         } else {
             self.columns.push((name, tensor));
@@ -351,30 +391,33 @@ impl Batch {
     }
     /// The column called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
-        self.columns.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+        self.columns
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, t)| t)
     }
     /// The column called `name`, mutably.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
         self.columns
             .iter_mut()
-            .find(|(n, _)| n == name)
+            .find(|(n, _)| &**n == name)
             .map(|(_, t)| t)
     }
     /// Removes and returns a column.
     pub fn remove(&mut self, name: &str) -> Option<Tensor> {
-        let pos = self.columns.iter().position(|(n, _)| n == name)?;
+        let pos = self.columns.iter().position(|(n, _)| &**n == name)?;
         Some(self.columns.remove(pos).1)
     }
     /// All columns in insertion order.
     pub fn columns(&self) -> impl Iterator<Item = (&str, &Tensor)> {
-        self.columns.iter().map(|(n, t)| (n.as_str(), t))
+        self.columns.iter().map(|(n, t)| (&**n, t))
     }
     /// Dataset index of each row.
     pub fn indices(&self) -> &[u64] {
         &self.indices
     }
-    pub(crate) fn set_indices(&mut self, indices: Vec<u64>) {
-        self.indices = indices;
+    pub(crate) fn set_indices(&mut self, indices: &[u64]) {
+        self.indices = smallvec::SmallVec::from_slice(indices);
     }
     /// Number of rows.
     pub fn len(&self) -> usize {
@@ -413,8 +456,10 @@ mod tests {
 
     #[test]
     fn storage_is_aligned() {
-        let t = Tensor::zeros(DType::F64, &[3]);
+        let t = Tensor::zeros(DType::F64, &[30]);
         assert_eq!(t.as_bytes().as_ptr() as usize % 64, 0);
+        let small = Tensor::zeros(DType::F64, &[3]);
+        assert_eq!(small.as_bytes().as_ptr() as usize % 8, 0);
     }
 
     #[test]

@@ -137,8 +137,7 @@ impl PipelineBuilder {
             reads: S::In::ids(),
             writes: S::Out::ids(),
             opts,
-            salt: crate::rng::name_hash(name),
-            run: erase(stage),
+            run: erase(stage, crate::rng::name_hash(name)),
         });
         self
     }

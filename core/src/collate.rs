@@ -5,7 +5,8 @@
 //! buffer. A custom collate is a small [`Collate`] impl.
 //!
 //! ```
-//! use ferrofeed_core::{Batch, Collatable, Collate, Component, Sample, StackCollate};
+//! use ferrofeed_core::{Collatable, Collate, Component, StackCollate, Table};
+//! use ferrofeed_core::table::BatchRows;
 //!
 //! #[derive(Clone)]
 //! struct Pixel([u8; 3]);
@@ -15,17 +16,17 @@
 //!     fn shape(&self) -> Vec<usize> { vec![3] }
 //!     fn write(&self, out: &mut [u8]) { out.copy_from_slice(&self.0) }
 //! }
-//! let mut samples: Vec<Sample> = (0..2).map(|i| {
-//!     let mut s = Sample::new(i);
-//!     s.insert(Pixel([i as u8; 3]));
-//!     s
-//! }).collect();
-//! let batch = StackCollate::new().column::<Pixel>("rgb").collate(&mut samples).unwrap();
+//! let mut table = Table::with_indices(vec![0, 1]);
+//! table.insert_column(vec![Pixel([0; 3]), Pixel([1; 3])]);
+//! let rows = BatchRows::new(&table, 0..2);
+//! let batch = StackCollate::new().column::<Pixel>("rgb").collate(&rows).unwrap();
 //! assert_eq!(batch.get("rgb").unwrap().shape(), &[2, 3]);
 //! ```
+use std::sync::Arc;
+
 use crate::batch::{Batch, Element, Tensor};
 use crate::component::{Component, ComponentId};
-use crate::sample::Sample;
+use crate::table::BatchRows;
 
 /// A collate failure; `sample` is the position (in the batch) of the sample
 /// at fault, when one is.
@@ -43,8 +44,8 @@ pub struct CollateError {
 pub trait Collate: Send + Sync + 'static {
     /// Components the collate reads (checked by `build()`).
     fn reads(&self) -> Vec<ComponentId>;
-    /// Builds the batch. `samples` is never empty.
-    fn collate(&self, samples: &mut [Sample]) -> Result<Batch, CollateError>;
+    /// Builds the batch. `rows` is never empty.
+    fn collate(&self, rows: &BatchRows<'_>) -> Result<Batch, CollateError>;
 }
 
 /// A component that can be stacked into a tensor column.
@@ -55,16 +56,21 @@ pub trait Collatable: Component {
     fn shape(&self) -> Vec<usize>;
     /// Writes the row into `out` (exactly `shape().product()` elements).
     fn write(&self, out: &mut [Self::Elem]);
+    /// Whether `self` and `other` have the same shape (override to avoid
+    /// building two shapes).
+    fn same_shape(&self, other: &Self) -> bool {
+        self.shape() == other.shape()
+    }
 }
 
 trait Column: Send + Sync {
     fn id(&self) -> ComponentId;
-    fn name(&self) -> &str;
-    fn build(&self, samples: &[Sample]) -> Result<Tensor, CollateError>;
+    fn name(&self) -> &Arc<str>;
+    fn build(&self, rows: &BatchRows<'_>) -> Result<Tensor, CollateError>;
 }
 
 struct StackColumn<T> {
-    name: String,
+    name: Arc<str>,
     _p: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -72,41 +78,45 @@ impl<T: Collatable> Column for StackColumn<T> {
     fn id(&self) -> ComponentId {
         ComponentId::of::<T>()
     }
-    fn name(&self) -> &str {
+    fn name(&self) -> &Arc<str> {
         &self.name
     }
-    fn build(&self, samples: &[Sample]) -> Result<Tensor, CollateError> {
-        let missing = |i: usize| CollateError {
-            sample: Some(i),
+    fn build(&self, rows: &BatchRows<'_>) -> Result<Tensor, CollateError> {
+        let values = rows.column::<T>().ok_or_else(|| CollateError {
+            sample: None,
             message: format!("component {} is missing", ComponentId::of::<T>()),
-        };
-        let first = samples.first().ok_or_else(|| CollateError {
+        })?;
+        let first = values.first().ok_or_else(|| CollateError {
             sample: None,
             message: "empty batch".into(),
         })?;
-        let row_shape = first.get::<T>().ok_or_else(|| missing(0))?.shape();
+        let row_shape = first.shape();
         let row_len: usize = row_shape.iter().product();
         let mut shape = Vec::with_capacity(row_shape.len() + 1);
-        shape.push(samples.len());
+        shape.push(values.len());
         shape.extend_from_slice(&row_shape);
         let mut tensor = Tensor::zeros(<T::Elem as Element>::DTYPE, &shape);
         let data = tensor.as_slice_mut::<T::Elem>().map_err(|e| CollateError {
             sample: None,
             message: e.to_string(),
         })?;
-        for (i, s) in samples.iter().enumerate() {
-            let c = s.get::<T>().ok_or_else(|| missing(i))?;
-            let shp = c.shape();
-            if shp != row_shape {
+        for (i, (c, out)) in values
+            .iter()
+            .zip(data.chunks_exact_mut(row_len.max(1)))
+            .enumerate()
+        {
+            if i > 0 && !c.same_shape(first) {
                 return Err(CollateError {
                     sample: Some(i),
                     message: format!(
                         "column `{}`: shape {:?} differs from the batch's {:?}",
-                        self.name, shp, row_shape
+                        self.name,
+                        c.shape(),
+                        row_shape
                     ),
                 });
             }
-            c.write(&mut data[i * row_len..(i + 1) * row_len]);
+            c.write(out);
         }
         Ok(tensor)
     }
@@ -126,7 +136,7 @@ impl StackCollate {
     /// Adds column `name` stacking component `T`.
     pub fn column<T: Collatable>(mut self, name: &str) -> Self {
         self.columns.push(Box::new(StackColumn::<T> {
-            name: name.to_string(),
+            name: Arc::from(name),
             _p: std::marker::PhantomData,
         }));
         self
@@ -137,10 +147,10 @@ impl Collate for StackCollate {
     fn reads(&self) -> Vec<ComponentId> {
         self.columns.iter().map(|c| c.id()).collect()
     }
-    fn collate(&self, samples: &mut [Sample]) -> Result<Batch, CollateError> {
+    fn collate(&self, rows: &BatchRows<'_>) -> Result<Batch, CollateError> {
         let mut batch = Batch::new(Vec::new());
         for c in &self.columns {
-            batch.insert(c.name(), c.build(samples)?);
+            batch.insert(Arc::clone(c.name()), c.build(rows)?);
         }
         Ok(batch)
     }
@@ -152,6 +162,7 @@ macro_rules! scalar_collatable {
             type Elem = $t;
             fn shape(&self) -> Vec<usize> { Vec::new() }
             fn write(&self, out: &mut [$t]) { out[0] = *self; }
+            fn same_shape(&self, _: &Self) -> bool { true }
         })+
     };
 }
@@ -164,5 +175,8 @@ impl<T: Element + std::fmt::Debug> Collatable for Vec<T> {
     }
     fn write(&self, out: &mut [T]) {
         out.copy_from_slice(self);
+    }
+    fn same_shape(&self, other: &Self) -> bool {
+        self.len() == other.len()
     }
 }

@@ -42,10 +42,10 @@ pub mod error;
 pub mod metrics;
 pub mod pipeline;
 pub mod rng;
-pub mod sample;
 pub mod sampler;
 pub mod source;
 pub mod stage;
+pub mod table;
 
 pub use batch::{Batch, DType, Element, HostBuffer, Tensor};
 pub use budget::ByteBudget;
@@ -55,16 +55,16 @@ pub use component::{Component, ComponentId, ComponentSet};
 pub use error::{BoxError, BuildError, ErrorKind, ErrorPolicy, SampleError};
 pub use metrics::{EpochSummary, StageReport};
 pub use pipeline::{EpochIter, InspectReport, Pipeline};
-pub use sample::Sample;
 pub use sampler::{BatchSampler, EpochPlan, FixedBatches, Order};
 pub use source::{FnSource, IterableSource, Source};
 pub use stage::{Parallelism, Stage, StageCtx};
+pub use table::{BatchRows, Table};
 
 /// Everything a pipeline author usually needs, in one import.
 pub mod prelude {
     pub use crate::{
         Batch, BoxError, BuildError, Collatable, Collate, Component, ComponentSet, DType,
-        ErrorPolicy, FnSource, IterableSource, Order, Parallelism, Pipeline, Sample, SampleError,
-        Source, StackCollate, Stage, StageCtx, StageOptions, Tensor,
+        ErrorPolicy, FnSource, IterableSource, Order, Parallelism, Pipeline, SampleError, Source,
+        StackCollate, Stage, StageCtx, StageOptions, Table, Tensor,
     };
 }

@@ -3,9 +3,10 @@
 //!
 //! Stages with equal worker counts are fused into one *segment* (tf.data's
 //! map fusion); each segment has its own pool of threads that lives as long
-//! as the [`Pipeline`]. Work moves in *tasks* — a group of consecutive batches
-//! of at least `min_task_samples` samples — so queue hops are paid per task,
-//! not per sample. Segments are linked by bounded `flume` queues; the consumer
+//! as the [`Pipeline`]. Work moves in *tasks* — runs of consecutive batches
+//! whose length each worker sizes from its measured cost (about 2 ms of work,
+//! at least `min_task_samples` samples), stored column-wise as a [`Table`] —
+//! so queue hops and wake-ups are paid per task, not per sample. Segments are linked by bounded `flume` queues; the consumer
 //! reorders tasks into sampler order (unless `unordered`).
 //!
 //! ```
@@ -39,30 +40,67 @@ use crate::collate::Collate;
 use crate::component::{ComponentId, ComponentSet};
 use crate::error::{BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError};
 use crate::metrics::{EpochSummary, StageMetrics, StageReport};
-use crate::sample::Sample;
 use crate::sampler::{permutation, BatchSampler, EpochPlan};
 use crate::source::{stream_index, IterableSource, Source};
-use crate::stage::{RunFn, StageCtx, StageFail};
+use crate::stage::{erase, Exec, RowFate, RunEnv, RunFn, Stage, StageCtx};
+use crate::table::{BatchRows, Table};
 
 pub(crate) struct StageNode {
     pub name: String,
     pub reads: Vec<ComponentId>,
     pub writes: Vec<ComponentId>,
     pub opts: StageOptions,
-    pub salt: u64,
     pub run: RunFn,
 }
 
-type GetFn = Box<dyn Fn(u64, &mut Sample) -> Result<(), BoxError> + Send + Sync>;
 type KeyFn = Box<dyn Fn(u64) -> Option<String> + Send + Sync>;
-type StreamIter =
-    Box<dyn Iterator<Item = Result<Box<dyn FnOnce(&mut Sample) + Send>, BoxError>> + Send>;
-type OpenFn = Box<dyn Fn(usize) -> Result<StreamIter, BoxError> + Send + Sync>;
+
+/// Reads a shard of an iterable source a part (at most one batch) at a time.
+pub(crate) trait ShardReader: Send {
+    /// Up to `max` items as a table, the items that failed, and whether the
+    /// shard is exhausted.
+    fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool);
+}
+
+struct StreamReader<O> {
+    it: crate::source::ShardIter<O>,
+    shard: usize,
+    pos: u64,
+}
+
+impl<O: ComponentSet> ShardReader for StreamReader<O> {
+    fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool) {
+        let mut idx = Vec::with_capacity(max);
+        let mut vals = Vec::with_capacity(max);
+        let mut errs = Vec::new();
+        let mut done = false;
+        while idx.len() < max {
+            let i = stream_index(self.shard, self.pos);
+            match self.it.next() {
+                None => {
+                    done = true;
+                    break;
+                }
+                Some(Ok(o)) => {
+                    idx.push(i);
+                    vals.push(o);
+                }
+                Some(Err(e)) => errs.push((i, e)),
+            }
+            self.pos += 1;
+        }
+        let mut t = Table::with_indices(idx);
+        O::put_rows(vals, &mut t);
+        (t, errs, done)
+    }
+}
+
+type OpenFn = Box<dyn Fn(usize) -> Result<Box<dyn ShardReader>, BoxError> + Send + Sync>;
 
 pub(crate) enum ErasedSource {
     Map {
         len: u64,
-        get: GetFn,
+        read: RunFn,
         key: KeyFn,
     },
     Iter {
@@ -72,16 +110,28 @@ pub(crate) enum ErasedSource {
     },
 }
 
+/// A map-style source as a stage with no input: row `i` is `source.get(i)`.
+struct SourceStage<S>(Arc<S>);
+
+impl<S: Source> Stage for SourceStage<S> {
+    type In = ();
+    type Out = S::Output;
+    fn process(&self, _: (), ctx: &StageCtx) -> Result<S::Output, BoxError> {
+        let len = self.0.len();
+        if ctx.index() >= len {
+            return Err(format!("index {} is past the end (length {len})", ctx.index()).into());
+        }
+        self.0.get(ctx.index())
+    }
+}
+
 impl ErasedSource {
     pub(crate) fn map<S: Source>(source: S) -> Self {
         let source = Arc::new(source);
         let s2 = Arc::clone(&source);
         ErasedSource::Map {
             len: source.len(),
-            get: Box::new(move |i, sample| {
-                source.get(i)?.put_into(sample);
-                Ok(())
-            }),
+            read: erase(SourceStage(source), 0),
             key: Box::new(move |i| s2.key(i)),
         }
     }
@@ -93,12 +143,7 @@ impl ErasedSource {
             key: Box::new(move |s| s2.shard_key(s)),
             open: Box::new(move |shard| {
                 let it = source.open(shard)?;
-                Ok(Box::new(it.map(|r| {
-                    r.map(|o| {
-                        Box::new(move |s: &mut Sample| o.put_into(s))
-                            as Box<dyn FnOnce(&mut Sample) + Send>
-                    })
-                })) as StreamIter)
+                Ok(Box::new(StreamReader { it, shard, pos: 0 }) as Box<dyn ShardReader>)
             }),
         }
     }
@@ -228,8 +273,6 @@ struct Key {
 enum Work {
     Map {
         plan: EpochPlan,
-        /// Task `t` covers batches `tasks[t]`.
-        tasks: Vec<Range<usize>>,
     },
     Iter {
         /// Shard read at each position of the epoch.
@@ -240,7 +283,7 @@ enum Work {
 impl Work {
     fn majors(&self) -> u64 {
         match self {
-            Work::Map { tasks, .. } => tasks.len() as u64,
+            Work::Map { plan } => plan.num_batches() as u64,
             Work::Iter { order } => order.len() as u64,
         }
     }
@@ -302,14 +345,17 @@ struct TaskLog {
 
 struct TaskMsg {
     key: Key,
+    /// The major key of the task that follows this one.
+    next_major: u64,
     last: bool,
-    batches: Vec<Vec<Sample>>,
+    table: Table,
     log: TaskLog,
     lease: Lease,
 }
 
 struct TaskOut {
     key: Key,
+    next_major: u64,
     last: bool,
     batches: Vec<Batch>,
     log: TaskLog,
@@ -380,27 +426,103 @@ impl LocalStats {
 
 /// Stages slower than this per sample are timed on every sample.
 const SLOW_NS: u64 = 20_000;
-/// Fast stages are timed on one sample in this many.
-const TIME_STRIDE: usize = 16;
+
+/// The engine's [`Exec`] for one stage over one table.
+struct RowExec<'a> {
+    shared: &'a Shared,
+    stats: &'a mut LocalStats,
+    log: &'a mut TaskLog,
+    /// Metrics index: 0 source, 1..=n stages, n+1 collate.
+    m: usize,
+    policy: ErrorPolicy,
+    stage: &'a str,
+    slot: usize,
+    watch: bool,
+    time_all: bool,
+    started: Option<Instant>,
+}
+
+impl Exec for RowExec<'_> {
+    fn begin(&mut self, _row: usize, index: u64) {
+        let timed = self.time_all;
+        let now = (timed || self.watch).then(Instant::now);
+        if self.watch {
+            let slot = &self.shared.slots[self.slot];
+            slot.stage.store(self.m - 1, Ordering::Relaxed);
+            slot.index.store(index, Ordering::Relaxed);
+            let since = now.map_or(1, |t| {
+                t.duration_since(self.shared.t0).as_nanos() as u64 + 1
+            });
+            slot.since_ns.store(since, Ordering::Release);
+        }
+        self.started = if timed { now } else { None };
+    }
+    fn end(&mut self) {
+        if self.watch {
+            self.shared.slots[self.slot]
+                .since_ns
+                .store(0, Ordering::Release);
+        }
+        if let Some(t0) = self.started.take() {
+            let dt = t0.elapsed().as_nanos() as u64;
+            self.stats.timed_ns[self.m] += dt;
+            self.stats.timed_n[self.m] += 1;
+            self.shared.metrics[self.m].latency.record(dt);
+            let slow = dt >= SLOW_NS;
+            if slow != self.shared.slow[self.m].load(Ordering::Relaxed) {
+                self.shared.slow[self.m].store(slow, Ordering::Relaxed);
+            }
+        }
+    }
+    fn retry(&mut self, attempt: u32) {
+        self.log.retries += 1;
+        self.stats.retries[self.m] += 1;
+        self.stats.errors[self.m] += 1;
+        std::thread::sleep(self.policy.backoff(attempt));
+    }
+    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32) -> RowFate {
+        self.stats.errors[self.m] += 1;
+        let err = SampleError {
+            index: Some(index),
+            path: self.shared.source.key_of(index),
+            stage: self.stage.to_string(),
+            kind,
+            attempts,
+        };
+        if self.policy.skips() {
+            self.stats.skipped[self.m] += 1;
+            self.log.skipped.push(err);
+            RowFate::Skip
+        } else {
+            self.log.fail = Some(err);
+            RowFate::Stop
+        }
+    }
+}
 
 struct Worker {
     shared: Arc<Shared>,
     seg: usize,
     slot: usize,
     stats: LocalStats,
+    /// Batches this worker claims per task (map-style sources).
+    chunk: usize,
+    /// Measured cost of one batch through this segment, ns (EMA; 0 unknown).
+    ns_per_batch: f64,
 }
 
-enum Fate {
-    Skip(SampleError),
-    Fail(SampleError),
-}
+/// Work a task should hold: long enough that its queue hop and wake-ups
+/// are noise, short enough to keep batches flowing.
+const TARGET_TASK_NS: f64 = 2e6;
+/// Upper bound on batches per task.
+const MAX_CHUNK: usize = 4096;
 
 impl Worker {
     fn run_job(&mut self, job: &Job) {
         let run = &job.run;
         if self.seg == 0 {
             match &run.work {
-                Work::Map { plan, tasks } => self.run_map_source(job, plan, tasks),
+                Work::Map { plan } => self.run_map_source(job, plan),
                 Work::Iter { order } => self.run_iter_source(job, order),
             }
         } else if let Some(input) = &job.input {
@@ -408,200 +530,23 @@ impl Worker {
                 if run.cancelled() {
                     break;
                 }
-                let started = Instant::now();
-                self.process_batches(run, &mut msg.batches, &mut msg.log, 0);
-                let ok = self.forward(job, msg, started);
-                if !ok {
+                self.run_segment(run, &mut msg.table, &mut msg.log);
+                if !self.forward(job, msg) {
                     break;
                 }
             }
         }
     }
 
-    fn admit(&self, run: &EpochRun, major: u64) -> bool {
+    fn admit(&self, run: &EpochRun, major: u64, span: u64) -> bool {
         let budget = &self.shared.budget;
-        let window = self.shared.window;
+        let window = self.shared.window * span.max(1);
         budget.wait_until(&run.cancel, || {
             let next = run.consumer_next.load(Ordering::Acquire);
             major <= next
                 || (major < next + window
                     && budget.fits(run.est_task_bytes.load(Ordering::Relaxed)))
         })
-    }
-
-    fn run_map_source(&mut self, job: &Job, plan: &EpochPlan, tasks: &[Range<usize>]) {
-        let run = &job.run;
-        loop {
-            if run.cancelled() {
-                return;
-            }
-            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
-            if t >= tasks.len() as u64 || !self.admit(run, t) {
-                return;
-            }
-            let started = Instant::now();
-            let range = tasks[t as usize].clone();
-            let mut msg = TaskMsg {
-                key: Key { major: t, minor: 0 },
-                last: true,
-                batches: Vec::with_capacity(range.len()),
-                log: TaskLog::default(),
-                lease: self.shared.budget.lease(0),
-            };
-            let mut k = 0usize;
-            'batches: for b in range {
-                let idxs = plan.batch(b);
-                let mut samples = Vec::with_capacity(idxs.len());
-                for &idx in idxs {
-                    let timed = k % TIME_STRIDE == 0;
-                    k += 1;
-                    match self.read_and_process(run, idx, timed, &mut msg.log) {
-                        Ok(s) => samples.push(s),
-                        Err(Fate::Skip(e)) => msg.log.skipped.push(e),
-                        Err(Fate::Fail(e)) => {
-                            msg.log.fail = Some(e);
-                            break 'batches;
-                        }
-                    }
-                    if run.cancelled() {
-                        return;
-                    }
-                }
-                msg.batches.push(samples);
-            }
-            if !self.forward(job, msg, started) {
-                return;
-            }
-        }
-    }
-
-    fn run_iter_source(&mut self, job: &Job, order: &[usize]) {
-        let run = &job.run;
-        let shared = Arc::clone(&self.shared);
-        let ErasedSource::Iter { key, open, .. } = &shared.source else {
-            return;
-        };
-        let bs = self.shared.cfg.batch_size;
-        loop {
-            if run.cancelled() {
-                return;
-            }
-            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
-            if t >= order.len() as u64 || !self.admit(run, t) {
-                return;
-            }
-            let shard = order[t as usize];
-            let mut started = Instant::now();
-            let mut part = 0u64;
-            let new_msg = |part: u64, budget: &Arc<ByteBudget>| TaskMsg {
-                key: Key {
-                    major: t,
-                    minor: part,
-                },
-                last: false,
-                batches: vec![Vec::with_capacity(bs)],
-                log: TaskLog::default(),
-                lease: budget.lease(0),
-            };
-            let mut msg = new_msg(part, &self.shared.budget);
-            let policy = self.shared.cfg.policy;
-            let mut opened = None;
-            for attempt in 0..=policy.attempts() {
-                match open(shard) {
-                    Ok(it) => {
-                        opened = Some(it);
-                        break;
-                    }
-                    Err(e) => {
-                        self.stats.errors[0] += 1;
-                        if attempt < policy.attempts() {
-                            msg.log.retries += 1;
-                            self.stats.retries[0] += 1;
-                            std::thread::sleep(policy.backoff(attempt + 1));
-                        } else {
-                            let mut err =
-                                SampleError::from_box(None, Some(key(shard)), "source", &e);
-                            err.attempts = attempt + 1;
-                            if policy.skips() {
-                                self.stats.skipped[0] += 1;
-                                msg.log.skipped.push(err);
-                            } else {
-                                msg.log.fail = Some(err);
-                            }
-                        }
-                    }
-                }
-            }
-            if let Some(it) = opened {
-                for (pos, item) in it.enumerate() {
-                    if run.cancelled() {
-                        return;
-                    }
-                    let idx = stream_index(shard, pos as u64);
-                    let timed = pos % TIME_STRIDE == 0;
-                    let t_read = timed.then(Instant::now);
-                    let sample = match item {
-                        Ok(put) => {
-                            let mut s = Sample::new(idx);
-                            put(&mut s);
-                            self.stats.samples[0] += 1;
-                            if let Some(t0) = t_read {
-                                self.stats.timed_ns[0] += t0.elapsed().as_nanos() as u64;
-                                self.stats.timed_n[0] += 1;
-                            }
-                            s
-                        }
-                        Err(e) => {
-                            self.stats.errors[0] += 1;
-                            let err = SampleError::from_box(
-                                Some(idx),
-                                self.shared.source.key_of(idx),
-                                "source",
-                                &e,
-                            );
-                            if policy.skips() {
-                                self.stats.skipped[0] += 1;
-                                msg.log.skipped.push(err);
-                                continue;
-                            }
-                            msg.log.fail = Some(err);
-                            break;
-                        }
-                    };
-                    let mut s = sample;
-                    match self.apply(run, &mut s, self.seg_stages(), timed, &mut msg.log) {
-                        Ok(()) => msg.batches[0].push(s),
-                        Err(Fate::Skip(e)) => msg.log.skipped.push(e),
-                        Err(Fate::Fail(e)) => {
-                            msg.log.fail = Some(e);
-                            break;
-                        }
-                    }
-                    if msg.batches[0].len() == bs {
-                        let full =
-                            std::mem::replace(&mut msg, new_msg(part + 1, &self.shared.budget));
-                        if !self.forward(job, full, started) {
-                            return;
-                        }
-                        part += 1;
-                        started = Instant::now();
-                        if !self.admit_part(run, t) {
-                            return;
-                        }
-                    }
-                }
-            }
-            msg.last = true;
-            if msg.log.fail.is_some()
-                || msg.batches[0].is_empty()
-                || (self.shared.cfg.drop_last && msg.batches[0].len() < bs)
-            {
-                msg.batches.clear();
-            }
-            if !self.forward(job, msg, started) {
-                return;
-            }
-        }
     }
 
     fn admit_part(&self, run: &EpochRun, major: u64) -> bool {
@@ -612,203 +557,291 @@ impl Worker {
         })
     }
 
-    fn seg_stages(&self) -> Range<usize> {
-        self.shared.segments[self.seg].stages.clone()
-    }
-
-    fn read_and_process(
+    /// Runs one erased stage over a table under its policy.
+    #[allow(clippy::too_many_arguments)]
+    fn run_one(
         &mut self,
         run: &EpochRun,
-        idx: u64,
-        timed: bool,
+        table: &mut Table,
         log: &mut TaskLog,
-    ) -> Result<Sample, Fate> {
-        let ErasedSource::Map { len, get, .. } = &self.shared.source else {
-            unreachable!("map tasks come from map sources")
+        stage_run: &RunFn,
+        m: usize,
+        name: &str,
+        policy: ErrorPolicy,
+        watch: bool,
+    ) {
+        if table.is_empty() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let time_all = shared.slow[m].load(Ordering::Relaxed);
+        let env = RunEnv {
+            epoch: run.epoch,
+            seed: shared.cfg.seed,
+            cancel: &run.cancel,
+            retries: policy.attempts(),
+            every_row: time_all || watch,
         };
-        let policy = self.shared.cfg.policy;
-        let mut sample = Sample::new(idx);
-        let mut attempt = 0u32;
-        loop {
-            let t0 = timed.then(Instant::now);
-            let r = if idx < *len {
-                catch_unwind(AssertUnwindSafe(|| get(idx, &mut sample)))
-                    .map_err(|p| crate::stage::panic_message(p.as_ref()))
-            } else {
-                Ok(Err(
-                    format!("index {idx} is past the end (length {len})").into()
-                ))
-            };
-            if let Some(t0) = t0 {
-                self.stats.timed_ns[0] += t0.elapsed().as_nanos() as u64;
-                self.stats.timed_n[0] += 1;
+        let mut exec = RowExec {
+            shared: &shared,
+            stats: &mut self.stats,
+            log,
+            m,
+            policy,
+            stage: name,
+            slot: self.slot,
+            watch,
+            time_all,
+            started: None,
+        };
+        let rows_in = table.len() as u64;
+        let t0 = Instant::now();
+        let result = stage_run(table, &env, &mut exec);
+        if !time_all {
+            // A fast stage: time the whole task, record the per-row mean.
+            let dt = t0.elapsed().as_nanos() as u64;
+            let per_row = dt / rows_in.max(1);
+            exec.stats.timed_ns[m] += dt;
+            exec.stats.timed_n[m] += rows_in;
+            shared.metrics[m].latency.record_n(per_row, rows_in);
+            if per_row >= SLOW_NS {
+                shared.slow[m].store(true, Ordering::Relaxed);
             }
-            let kind = match r {
-                Ok(Ok(())) => {
-                    self.stats.samples[0] += 1;
+        }
+        if let Err(missing) = result {
+            // Only reachable when a custom source or stage breaks the plan
+            // `build()` checked: every row lacks the component.
+            let kind = ErrorKind::MissingComponent(missing.short_name());
+            for &index in table.indices() {
+                if let RowFate::Stop = exec.fail(index, kind.clone(), 1) {
                     break;
                 }
-                Ok(Err(e)) => ErrorKind::Failed(crate::error::error_chain(e.as_ref())),
-                Err(msg) => ErrorKind::Panicked(msg),
-            };
-            self.stats.errors[0] += 1;
-            if attempt < policy.attempts() {
-                attempt += 1;
-                log.retries += 1;
-                self.stats.retries[0] += 1;
-                std::thread::sleep(policy.backoff(attempt));
-                continue;
             }
-            let err = SampleError {
-                index: Some(idx),
-                path: self.shared.source.key_of(idx),
-                stage: "source".into(),
-                kind,
-                attempts: attempt + 1,
-            };
-            return Err(if policy.skips() {
-                self.stats.skipped[0] += 1;
-                Fate::Skip(err)
-            } else {
-                Fate::Fail(err)
-            });
+            table.truncate(0);
         }
-        self.apply(run, &mut sample, self.seg_stages(), timed, log)?;
-        Ok(sample)
+        self.stats.samples[m] += table.len() as u64;
     }
 
-    /// Runs stages `range` on one sample under their error policies.
-    fn apply(
-        &mut self,
-        run: &EpochRun,
-        sample: &mut Sample,
-        range: Range<usize>,
-        timed: bool,
-        log: &mut TaskLog,
-    ) -> Result<(), Fate> {
+    /// Runs this segment's stages over a table.
+    fn run_segment(&mut self, run: &EpochRun, table: &mut Table, log: &mut TaskLog) {
         let shared = Arc::clone(&self.shared);
-        for i in range {
+        for i in shared.segments[self.seg].stages.clone() {
+            if run.cancelled() {
+                return;
+            }
             let node = &shared.stages[i];
-            let m = i + 1;
             let policy = node.opts.on_error.unwrap_or(shared.cfg.policy);
-            let attempts = policy.attempts();
-            let mut attempt = 0u32;
-            let time_it = timed || shared.slow[m].load(Ordering::Relaxed);
-            loop {
-                let ctx = StageCtx {
-                    index: sample.index(),
-                    epoch: run.epoch,
-                    seed: shared.cfg.seed,
-                    salt: node.salt,
-                    attempt,
-                    cancel: &run.cancel,
-                };
-                let watch = node.opts.timeout.is_some();
-                let t0 = (time_it || watch).then(Instant::now);
-                if watch {
-                    let slot = &shared.slots[self.slot];
-                    slot.stage.store(i, Ordering::Relaxed);
-                    slot.index.store(sample.index(), Ordering::Relaxed);
-                    let since = t0.map_or(1, |t| t.duration_since(shared.t0).as_nanos() as u64 + 1);
-                    slot.since_ns.store(since, Ordering::Release);
-                }
-                let r = (node.run)(sample, &ctx, attempt < attempts);
-                if watch {
-                    shared.slots[self.slot].since_ns.store(0, Ordering::Release);
-                }
-                if let Some(t0) = t0.filter(|_| time_it) {
-                    let dt = t0.elapsed().as_nanos() as u64;
-                    self.stats.timed_ns[m] += dt;
-                    self.stats.timed_n[m] += 1;
-                    shared.metrics[m].latency.record(dt);
-                    let slow = dt >= SLOW_NS;
-                    if slow != shared.slow[m].load(Ordering::Relaxed) {
-                        shared.slow[m].store(slow, Ordering::Relaxed);
-                    }
-                }
-                let kind = match r {
-                    Ok(()) => {
-                        self.stats.samples[m] += 1;
+            let watch = node.opts.timeout.is_some();
+            self.run_one(run, table, log, &node.run, i + 1, &node.name, policy, watch);
+        }
+    }
+
+    /// Batches to claim next: about [`TARGET_TASK_NS`] of work, at least
+    /// `min_task_samples` samples, and at most a quarter of the byte budget
+    /// per worker.
+    fn next_chunk(&mut self, run: &EpochRun, plan: &EpochPlan) -> usize {
+        let cfg = &self.shared.cfg;
+        let nb = plan.num_batches().max(1);
+        let mean_batch = (plan.indices.len() / nb).max(1);
+        let floor = cfg.min_task_samples.div_ceil(mean_batch).max(1);
+        let mut k = if self.ns_per_batch > 0.0 {
+            ((TARGET_TASK_NS / self.ns_per_batch) as usize).max(floor)
+        } else {
+            floor
+        };
+        let per_batch = run.est_task_bytes.load(Ordering::Relaxed) / self.chunk.max(1);
+        if per_batch > 0 {
+            let workers = self.shared.segments[0].workers.max(1);
+            k = k.min((self.shared.budget.max() / (4 * workers * per_batch)).max(1));
+        }
+        self.chunk = k.clamp(1, MAX_CHUNK);
+        self.chunk
+    }
+
+    fn run_map_source(&mut self, job: &Job, plan: &EpochPlan) {
+        let run = &job.run;
+        let shared = Arc::clone(&self.shared);
+        let ErasedSource::Map { read, .. } = &shared.source else {
+            return;
+        };
+        let nb = plan.num_batches() as u64;
+        loop {
+            if run.cancelled() {
+                return;
+            }
+            let k = self.next_chunk(run, plan) as u64;
+            let b0 = run.next_claim.fetch_add(k, Ordering::AcqRel);
+            if b0 >= nb || !self.admit(run, b0, k) {
+                return;
+            }
+            let b1 = (b0 + k).min(nb);
+            let started = Instant::now();
+            let (lo, hi) = (plan.offsets[b0 as usize], plan.offsets[b1 as usize]);
+            let ends = plan.offsets[b0 as usize + 1..=b1 as usize]
+                .iter()
+                .map(|&e| e - lo)
+                .collect();
+            let mut table = Table::with_batches(plan.indices[lo..hi].to_vec(), ends);
+            let mut log = TaskLog::default();
+            self.run_one(
+                run,
+                &mut table,
+                &mut log,
+                read,
+                0,
+                "source",
+                shared.cfg.policy,
+                false,
+            );
+            self.run_segment(run, &mut table, &mut log);
+            if run.cancelled() {
+                return;
+            }
+            let msg = TaskMsg {
+                key: Key {
+                    major: b0,
+                    minor: 0,
+                },
+                next_major: b1,
+                last: true,
+                table,
+                log,
+                lease: shared.budget.lease(0),
+            };
+            if !self.forward(job, msg) {
+                return;
+            }
+            let per_batch = started.elapsed().as_nanos() as f64 / (b1 - b0) as f64;
+            self.ns_per_batch = if self.ns_per_batch > 0.0 {
+                0.7 * self.ns_per_batch + 0.3 * per_batch
+            } else {
+                per_batch
+            };
+        }
+    }
+
+    fn run_iter_source(&mut self, job: &Job, order: &[usize]) {
+        let run = &job.run;
+        let shared = Arc::clone(&self.shared);
+        let ErasedSource::Iter { key, open, .. } = &shared.source else {
+            return;
+        };
+        let bs = shared.cfg.batch_size;
+        let policy = shared.cfg.policy;
+        loop {
+            if run.cancelled() {
+                return;
+            }
+            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
+            if t >= order.len() as u64 || !self.admit(run, t, 1) {
+                return;
+            }
+            let shard = order[t as usize];
+            let mut log = TaskLog::default();
+            let mut reader = None;
+            for attempt in 0..=policy.attempts() {
+                match open(shard) {
+                    Ok(r) => {
+                        reader = Some(r);
                         break;
                     }
-                    Err(StageFail::Missing(c)) => ErrorKind::MissingComponent(c.short_name()),
-                    Err(StageFail::Error(e)) => {
-                        ErrorKind::Failed(crate::error::error_chain(e.as_ref()))
-                    }
-                    Err(StageFail::Panic(p)) => ErrorKind::Panicked(p),
-                };
-                self.stats.errors[m] += 1;
-                let retriable = !matches!(kind, ErrorKind::MissingComponent(_));
-                if retriable && attempt < attempts && !run.cancelled() {
-                    attempt += 1;
-                    log.retries += 1;
-                    self.stats.retries[m] += 1;
-                    std::thread::sleep(policy.backoff(attempt));
-                    continue;
-                }
-                let err = SampleError {
-                    index: Some(sample.index()),
-                    path: shared.source.key_of(sample.index()),
-                    stage: node.name.clone(),
-                    kind,
-                    attempts: attempt + 1,
-                };
-                return Err(if policy.skips() {
-                    self.stats.skipped[m] += 1;
-                    Fate::Skip(err)
-                } else {
-                    Fate::Fail(err)
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs this segment's stages over every sample of a task (segments
-    /// after the first).
-    fn process_batches(
-        &mut self,
-        run: &EpochRun,
-        batches: &mut Vec<Vec<Sample>>,
-        log: &mut TaskLog,
-        mut k: usize,
-    ) {
-        let range = self.seg_stages();
-        for b in 0..batches.len() {
-            let samples = std::mem::take(&mut batches[b]);
-            let mut kept = Vec::with_capacity(samples.len());
-            for mut s in samples {
-                let timed = k % TIME_STRIDE == 0;
-                k += 1;
-                match self.apply(run, &mut s, range.clone(), timed, log) {
-                    Ok(()) => kept.push(s),
-                    Err(Fate::Skip(e)) => log.skipped.push(e),
-                    Err(Fate::Fail(e)) => {
-                        // Batches from here on are incomplete: the epoch ends
-                        // with this error, which precedes any earlier-seen one.
-                        log.fail = Some(e);
-                        batches.truncate(b);
-                        return;
+                    Err(e) => {
+                        self.stats.errors[0] += 1;
+                        if attempt < policy.attempts() {
+                            log.retries += 1;
+                            self.stats.retries[0] += 1;
+                            std::thread::sleep(policy.backoff(attempt + 1));
+                            continue;
+                        }
+                        let mut err = SampleError::from_box(None, Some(key(shard)), "source", &e);
+                        err.attempts = attempt + 1;
+                        if policy.skips() {
+                            self.stats.skipped[0] += 1;
+                            log.skipped.push(err);
+                        } else {
+                            log.fail = Some(err);
+                        }
                     }
                 }
             }
-            batches[b] = kept;
+            let Some(mut reader) = reader else {
+                let msg = TaskMsg {
+                    key: Key { major: t, minor: 0 },
+                    next_major: t + 1,
+                    last: true,
+                    table: Table::new(),
+                    log,
+                    lease: shared.budget.lease(0),
+                };
+                if !self.forward(job, msg) {
+                    return;
+                }
+                continue;
+            };
+            let mut part = 0u64;
+            loop {
+                if run.cancelled() {
+                    return;
+                }
+                if part > 0 && !self.admit_part(run, t) {
+                    return;
+                }
+                let started = Instant::now();
+                let (mut table, errs, done) = reader.next_part(bs);
+                let dt = started.elapsed().as_nanos() as u64;
+                self.stats.timed_ns[0] += dt;
+                self.stats.timed_n[0] += table.len() as u64;
+                self.stats.samples[0] += table.len() as u64;
+                let mut failed = false;
+                for (idx, e) in errs {
+                    self.stats.errors[0] += 1;
+                    let err =
+                        SampleError::from_box(Some(idx), shared.source.key_of(idx), "source", &e);
+                    if policy.skips() {
+                        self.stats.skipped[0] += 1;
+                        log.skipped.push(err);
+                    } else {
+                        log.fail.get_or_insert(err);
+                        failed = true;
+                    }
+                }
+                if failed {
+                    table.truncate(0);
+                }
+                self.run_segment(run, &mut table, &mut log);
+                let last = done || log.fail.is_some();
+                if shared.cfg.drop_last && table.len() < bs {
+                    table.truncate(0);
+                }
+                let msg = TaskMsg {
+                    key: Key {
+                        major: t,
+                        minor: part,
+                    },
+                    next_major: if last { t + 1 } else { t },
+                    last,
+                    table,
+                    log: std::mem::take(&mut log),
+                    lease: shared.budget.lease(0),
+                };
+                if !self.forward(job, msg) {
+                    return;
+                }
+                if last {
+                    break;
+                }
+                part += 1;
+            }
         }
     }
 
     /// Accounts the task's bytes and passes it on (collating it in the last
     /// segment). Returns false when the receiver is gone.
-    fn forward(&mut self, job: &Job, mut msg: TaskMsg, started: Instant) -> bool {
-        let run = &job.run;
-        let bytes: usize = msg
-            .batches
-            .iter()
-            .flat_map(|b| b.iter())
-            .map(|s| s.nbytes())
-            .sum();
+    fn forward(&mut self, job: &Job, mut msg: TaskMsg) -> bool {
+        let bytes = msg.table.nbytes();
         msg.lease.resize(bytes);
-        run.note_bytes(bytes);
-        let ok = match &job.out {
+        job.run.note_bytes(bytes);
+        match &job.out {
             Out::Next(tx) => {
                 self.stats.flush(&self.shared);
                 tx.send(msg).is_ok()
@@ -818,17 +851,16 @@ impl Worker {
                 self.stats.flush(&self.shared);
                 tx.send(out).is_ok()
             }
-        };
-        let _ = started;
-        ok
+        }
     }
 
     fn collate(&mut self, msg: TaskMsg) -> TaskOut {
         let shared = Arc::clone(&self.shared);
         let TaskMsg {
             key,
+            next_major,
             last,
-            batches,
+            mut table,
             mut log,
             lease,
         } = msg;
@@ -841,73 +873,81 @@ impl Worker {
             ErrorPolicy::Retry { .. } => ErrorPolicy::Fail,
             p => p,
         };
-        let mut out = Vec::with_capacity(batches.len());
-        let n_batches = batches.len();
-        for (bi, mut samples) in batches.into_iter().enumerate() {
-            loop {
-                if samples.is_empty() {
-                    break;
+        let mut out = Vec::with_capacity(table.batches().count());
+        let mut b = 0;
+        let rows_in = table.len() as u64;
+        let t0 = Instant::now();
+        loop {
+            let Some(range) = table.batches().nth(b) else {
+                break;
+            };
+            if range.is_empty() {
+                b += 1;
+                continue;
+            }
+            let rows = BatchRows::new(&table, range.clone());
+            let r = catch_unwind(AssertUnwindSafe(|| shared.collate.collate(&rows)));
+            let n = range.len() as u64;
+            let (pos, kind) = match r {
+                Ok(Ok(mut batch)) => {
+                    self.stats.samples[m] += n;
+                    batch.set_indices(rows.indices());
+                    out.push(batch);
+                    b += 1;
+                    continue;
                 }
-                let t0 = Instant::now();
-                let r = catch_unwind(AssertUnwindSafe(|| shared.collate.collate(&mut samples)));
-                let dt = t0.elapsed().as_nanos() as u64;
-                self.stats.timed_ns[m] += dt;
-                self.stats.timed_n[m] += samples.len() as u64;
-                shared.metrics[m]
-                    .latency
-                    .record(dt / samples.len().max(1) as u64);
-                let (pos, kind) = match r {
-                    Ok(Ok(mut batch)) => {
-                        self.stats.samples[m] += samples.len() as u64;
-                        batch.set_indices(samples.iter().map(|s| s.index()).collect());
-                        batch.lease = Some(shared.budget.lease(batch.nbytes()));
-                        out.push(batch);
-                        break;
-                    }
-                    Ok(Err(e)) => (e.sample, ErrorKind::Failed(e.message)),
-                    Err(p) => (
-                        None,
-                        ErrorKind::Panicked(crate::stage::panic_message(p.as_ref())),
-                    ),
-                };
-                self.stats.errors[m] += 1;
-                let culprits: Vec<usize> = match pos {
-                    Some(p) if p < samples.len() => vec![p],
-                    _ => (0..samples.len()).collect(),
-                };
-                let errs: Vec<SampleError> = culprits
-                    .iter()
-                    .map(|&p| SampleError {
-                        index: Some(samples[p].index()),
-                        path: shared.source.key_of(samples[p].index()),
+                Ok(Err(e)) => (e.sample, ErrorKind::Failed(e.message)),
+                Err(p) => (
+                    None,
+                    ErrorKind::Panicked(crate::stage::panic_message(p.as_ref())),
+                ),
+            };
+            self.stats.errors[m] += 1;
+            let culprits: Vec<usize> = match pos {
+                Some(p) if p < range.len() => vec![range.start + p],
+                _ => range.clone().collect(),
+            };
+            let errs: Vec<SampleError> = culprits
+                .iter()
+                .map(|&row| {
+                    let index = table.indices()[row];
+                    SampleError {
+                        index: Some(index),
+                        path: shared.source.key_of(index),
                         stage: "collate".into(),
                         kind: kind.clone(),
                         attempts: 1,
-                    })
-                    .collect();
-                if policy.skips() {
-                    self.stats.skipped[m] += errs.len() as u64;
-                    log.skipped.extend(errs);
-                    for &p in culprits.iter().rev() {
-                        samples.remove(p);
                     }
-                    continue;
-                }
+                })
+                .collect();
+            if !policy.skips() {
                 log.fail = errs.into_iter().next();
-                let _ = n_batches;
-                drop(lease);
-                return TaskOut {
-                    key,
-                    last,
-                    batches: out,
-                    log,
-                };
+                break;
             }
-            let _ = bi;
+            self.stats.skipped[m] += errs.len() as u64;
+            log.skipped.extend(errs);
+            let mut keep = vec![true; table.len()];
+            for row in culprits {
+                keep[row] = false;
+            }
+            table.retain(&keep);
         }
+        let dt = t0.elapsed().as_nanos() as u64;
+        self.stats.timed_ns[m] += dt;
+        self.stats.timed_n[m] += rows_in;
+        shared.metrics[m]
+            .latency
+            .record_n(dt / rows_in.max(1), rows_in);
+        // One lease for the task's batches, released when the last drops.
+        let bytes: usize = out.iter().map(Batch::nbytes).sum();
+        let shared_lease = Arc::new(shared.budget.lease(bytes));
         drop(lease);
+        for b in &mut out {
+            b.lease = Some(Arc::clone(&shared_lease));
+        }
         TaskOut {
             key,
+            next_major,
             last,
             batches: out,
             log,
@@ -922,6 +962,8 @@ fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiv
         seg,
         slot,
         stats: LocalStats::new(n),
+        chunk: 1,
+        ns_per_batch: 0.0,
     };
     while let Ok(job) = ctrl.recv() {
         let run = Arc::clone(&job.run);
@@ -1085,23 +1127,7 @@ impl Pipeline {
         let work = match &self.shared.source {
             ErasedSource::Map { len, .. } => {
                 match self.shared.sampler.plan(*len, cfg.seed, epoch) {
-                    Ok(plan) => {
-                        let mut tasks = Vec::new();
-                        let mut begin = 0;
-                        let mut count = 0;
-                        for b in 0..plan.num_batches() {
-                            count += plan.batch(b).len();
-                            if count >= cfg.min_task_samples {
-                                tasks.push(begin..b + 1);
-                                begin = b + 1;
-                                count = 0;
-                            }
-                        }
-                        if begin < plan.num_batches() {
-                            tasks.push(begin..plan.num_batches());
-                        }
-                        Work::Map { plan, tasks }
-                    }
+                    Ok(plan) => Work::Map { plan },
                     Err(e) => {
                         return EpochIter::failed(
                             self,
@@ -1178,7 +1204,8 @@ impl Pipeline {
             reorder: BTreeMap::new(),
             next_key: Key { major: 0, minor: 0 },
             parts: HashMap::new(),
-            done_majors: 0,
+            complete: BTreeMap::new(),
+            low: 0,
             majors,
             finished: false,
             summary: EpochSummary {
@@ -1259,18 +1286,42 @@ impl Pipeline {
         self.inspect_with(index, epoch, |_, _| {})
     }
 
-    /// Like [`inspect`](Self::inspect), calling `hook(stage, sample)` after
-    /// the source and after each stage.
+    /// Like [`inspect`](Self::inspect), calling `hook(stage, table)` (a
+    /// one-row table) after the source and after each stage.
     pub fn inspect_with(
         &self,
         index: u64,
         epoch: u64,
-        mut hook: impl FnMut(&str, &Sample),
+        mut hook: impl FnMut(&str, &Table),
     ) -> Result<InspectReport, SampleError> {
         let cancel = AtomicBool::new(false);
+        let env = RunEnv {
+            epoch,
+            seed: self.shared.cfg.seed,
+            cancel: &cancel,
+            retries: 0,
+            every_row: false,
+        };
+        let run_stage = |table: &mut Table, f: &RunFn, stage: &str| -> Result<(), SampleError> {
+            let mut exec = InspectExec {
+                source: &self.shared.source,
+                stage,
+                error: None,
+            };
+            if let Err(c) = f(table, &env, &mut exec) {
+                exec.error.get_or_insert(SampleError {
+                    index: Some(index),
+                    path: self.shared.source.key_of(index),
+                    stage: stage.to_string(),
+                    kind: ErrorKind::MissingComponent(c.short_name()),
+                    attempts: 1,
+                });
+            }
+            exec.error.map_or(Ok(()), Err)
+        };
         let t0 = Instant::now();
-        let mut sample = match &self.shared.source {
-            ErasedSource::Map { len, get, .. } => {
+        let mut table = match &self.shared.source {
+            ErasedSource::Map { len, read, .. } => {
                 if index >= *len {
                     return Err(SampleError {
                         index: Some(index),
@@ -1282,16 +1333,9 @@ impl Pipeline {
                         attempts: 1,
                     });
                 }
-                let mut s = Sample::new(index);
-                get(index, &mut s).map_err(|e| {
-                    SampleError::from_box(
-                        Some(index),
-                        self.shared.source.key_of(index),
-                        "source",
-                        &e,
-                    )
-                })?;
-                s
+                let mut t = Table::with_indices(vec![index]);
+                run_stage(&mut t, read, "source")?;
+                t
             }
             ErasedSource::Iter {
                 shards, open, key, ..
@@ -1299,25 +1343,30 @@ impl Pipeline {
                 let mut seen = 0u64;
                 let mut found = None;
                 'shards: for shard in 0..*shards {
-                    let it = open(shard)
+                    let mut reader = open(shard)
                         .map_err(|e| SampleError::from_box(None, Some(key(shard)), "source", &e))?;
-                    for (pos, item) in it.enumerate() {
-                        if seen == index {
-                            let idx = stream_index(shard, pos as u64);
-                            let put = item.map_err(|e| {
-                                SampleError::from_box(
+                    loop {
+                        let (t, errs, done) = reader.next_part(1);
+                        if let Some((idx, e)) = errs.into_iter().next() {
+                            if seen == index {
+                                return Err(SampleError::from_box(
                                     Some(idx),
                                     self.shared.source.key_of(idx),
                                     "source",
                                     &e,
-                                )
-                            })?;
-                            let mut s = Sample::new(idx);
-                            put(&mut s);
-                            found = Some(s);
-                            break 'shards;
+                                ));
+                            }
+                            seen += 1;
+                        } else if !t.is_empty() {
+                            if seen == index {
+                                found = Some(t);
+                                break 'shards;
+                            }
+                            seen += 1;
                         }
-                        seen += 1;
+                        if done {
+                            break;
+                        }
                     }
                 }
                 found.ok_or_else(|| SampleError {
@@ -1331,54 +1380,29 @@ impl Pipeline {
                 })?
             }
         };
+        let idx = table.indices()[0];
         let mut steps = vec![InspectStep {
             stage: "source".into(),
             seconds: t0.elapsed().as_secs_f64(),
-            components: describe(&sample),
+            components: describe(&table),
         }];
-        hook("source", &sample);
+        hook("source", &table);
         for node in &self.shared.stages {
-            let ctx = StageCtx {
-                index: sample.index(),
-                epoch,
-                seed: self.shared.cfg.seed,
-                salt: node.salt,
-                attempt: 0,
-                cancel: &cancel,
-            };
             let t = Instant::now();
-            let r = (node.run)(&mut sample, &ctx, false);
-            let kind = match r {
-                Ok(()) => None,
-                Err(StageFail::Missing(c)) => Some(ErrorKind::MissingComponent(c.short_name())),
-                Err(StageFail::Error(e)) => {
-                    Some(ErrorKind::Failed(crate::error::error_chain(e.as_ref())))
-                }
-                Err(StageFail::Panic(p)) => Some(ErrorKind::Panicked(p)),
-            };
-            if let Some(kind) = kind {
-                return Err(SampleError {
-                    index: Some(sample.index()),
-                    path: self.shared.source.key_of(sample.index()),
-                    stage: node.name.clone(),
-                    kind,
-                    attempts: 1,
-                });
-            }
+            run_stage(&mut table, &node.run, &node.name)?;
             steps.push(InspectStep {
                 stage: node.name.clone(),
                 seconds: t.elapsed().as_secs_f64(),
-                components: describe(&sample),
+                components: describe(&table),
             });
-            hook(&node.name, &sample);
+            hook(&node.name, &table);
         }
         let t = Instant::now();
-        let idx = sample.index();
-        let mut one = vec![sample];
+        let rows = BatchRows::new(&table, 0..1);
         let batch = self
             .shared
             .collate
-            .collate(&mut one)
+            .collate(&rows)
             .map_err(|e| SampleError {
                 index: Some(idx),
                 path: self.shared.source.key_of(idx),
@@ -1402,8 +1426,31 @@ impl Pipeline {
     }
 }
 
-fn describe(s: &Sample) -> Vec<(String, String)> {
-    s.describe()
+/// Records the first failure of an inspected sample.
+struct InspectExec<'a> {
+    source: &'a ErasedSource,
+    stage: &'a str,
+    error: Option<SampleError>,
+}
+
+impl Exec for InspectExec<'_> {
+    fn begin(&mut self, _: usize, _: u64) {}
+    fn end(&mut self) {}
+    fn retry(&mut self, _: u32) {}
+    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32) -> RowFate {
+        self.error.get_or_insert(SampleError {
+            index: Some(index),
+            path: self.source.key_of(index),
+            stage: self.stage.to_string(),
+            kind,
+            attempts,
+        });
+        RowFate::Stop
+    }
+}
+
+fn describe(t: &Table) -> Vec<(String, String)> {
+    t.describe(0)
         .into_iter()
         .map(|(n, d)| (n.to_string(), d))
         .collect()
@@ -1504,8 +1551,13 @@ pub struct EpochIter<'p> {
     pending_err: Option<SampleError>,
     reorder: BTreeMap<Key, TaskOut>,
     next_key: Key,
-    parts: HashMap<u64, (u64, Option<u64>)>,
-    done_majors: u64,
+    /// Per major: parts received, parts in all (once the last arrived), and
+    /// the major that follows it.
+    parts: HashMap<u64, (u64, Option<u64>, u64)>,
+    /// Complete majors not yet contiguous with `low`: start → next.
+    complete: BTreeMap<u64, u64>,
+    /// Every major below this one has been received in full.
+    low: u64,
     majors: u64,
     finished: bool,
     summary: EpochSummary,
@@ -1530,7 +1582,8 @@ impl<'p> EpochIter<'p> {
             reorder: BTreeMap::new(),
             next_key: Key { major: 0, minor: 0 },
             parts: HashMap::new(),
-            done_majors: 0,
+            complete: BTreeMap::new(),
+            low: 0,
             majors: 0,
             finished: false,
             summary: EpochSummary {
@@ -1604,20 +1657,25 @@ impl<'p> EpochIter<'p> {
 
     fn absorb(&mut self, out: TaskOut) {
         let major = out.key.major;
-        // Progress bookkeeping (drives admission of new tasks).
-        let entry = self.parts.entry(major).or_insert((0, None));
+        // Progress bookkeeping (drives admission and completion).
+        let entry = self.parts.entry(major).or_insert((0, None, major));
         entry.0 += 1;
         if out.last {
             entry.1 = Some(out.key.minor + 1);
+            entry.2 = out.next_major;
         }
         if entry.1 == Some(entry.0) {
+            let next = entry.2;
             self.parts.remove(&major);
-            self.done_majors += 1;
+            self.complete.insert(major, next);
+            while let Some(next) = self.complete.remove(&self.low) {
+                self.low = next;
+            }
         }
         if self.pipeline.shared.cfg.ordered {
             self.next_key = if out.last {
                 Key {
-                    major: major + 1,
+                    major: out.next_major,
                     minor: 0,
                 }
             } else {
@@ -1627,16 +1685,7 @@ impl<'p> EpochIter<'p> {
                 }
             };
         }
-        let low = if self.pipeline.shared.cfg.ordered {
-            self.next_key.major
-        } else {
-            // The lowest major not complete.
-            let mut low = self.parts.keys().copied().min().unwrap_or(u64::MAX);
-            if self.parts.is_empty() {
-                low = self.done_majors;
-            }
-            low.min(self.done_majors.max(low))
-        };
+        let low = self.low;
         if let Some(run) = &self.run {
             run.consumer_next.store(low, Ordering::Release);
         }
@@ -1691,7 +1740,7 @@ impl Iterator for EpochIter<'_> {
             if self.finished {
                 return None;
             }
-            if self.done_majors >= self.majors && self.parts.is_empty() {
+            if self.low >= self.majors {
                 self.finish(true);
                 return None;
             }

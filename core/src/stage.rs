@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::component::{ComponentId, ComponentSet};
 use crate::error::BoxError;
+use crate::error::{error_chain, ErrorKind};
 use crate::rng::{derive_seed, sample_rng, SampleRng};
-use crate::sample::Sample;
+use crate::table::Table;
 
 /// How many workers a stage runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,40 +145,112 @@ where
     }
 }
 
-/// Why one run of a stage on a sample failed.
-pub(crate) enum StageFail {
-    Missing(ComponentId),
-    Error(BoxError),
-    Panic(String),
+/// What a stage run over a table may read: the epoch, seed, cancel flag
+/// and how many retries its policy allows.
+pub(crate) struct RunEnv<'a> {
+    pub epoch: u64,
+    pub seed: u64,
+    pub cancel: &'a AtomicBool,
+    pub retries: u32,
+    /// Call `Exec::begin`/`end` around every row (timeouts watched, or a
+    /// slow stage timed on every row); otherwise never.
+    pub every_row: bool,
+}
+
+/// What becomes of a row whose stage failed for good.
+pub(crate) enum RowFate {
+    /// Drop the row and go on.
+    Skip,
+    /// Stop: this row's batch and everything after it are dropped.
+    Stop,
+}
+
+/// The engine's side of a stage run: timing, retries, failures.
+pub(crate) trait Exec {
+    fn begin(&mut self, row: usize, index: u64);
+    fn end(&mut self);
+    fn retry(&mut self, attempt: u32);
+    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32) -> RowFate;
 }
 
 pub(crate) type RunFn =
-    Box<dyn Fn(&mut Sample, &StageCtx, bool) -> Result<(), StageFail> + Send + Sync>;
+    Box<dyn Fn(&mut Table, &RunEnv<'_>, &mut dyn Exec) -> Result<(), ComponentId> + Send + Sync>;
 
-/// Erases a stage into "take inputs, run, put outputs"; with `keep_input`
-/// the inputs go back on the sample after a failure (for a retry).
-pub(crate) fn erase<S: Stage>(stage: S) -> RunFn {
-    Box::new(move |sample, ctx, keep_input| {
-        let input = S::In::take_from(sample).map_err(StageFail::Missing)?;
-        let backup = keep_input.then(|| input.clone());
-        match catch_unwind(AssertUnwindSafe(|| stage.process(input, ctx))) {
-            Ok(Ok(out)) => {
-                out.put_into(sample);
-                Ok(())
-            }
-            Ok(Err(e)) => {
-                if let Some(b) = backup {
-                    b.put_into(sample);
+/// Erases a stage into "take the input columns, run every row, put the
+/// output columns". Rows that fail are dropped (`Skip`) or end the task at
+/// their batch (`Stop`); with retries left, a row's input is cloned first.
+pub(crate) fn erase<S: Stage>(stage: S, salt: u64) -> RunFn {
+    Box::new(move |table, env, exec| {
+        let input = S::In::take_rows(table)?;
+        let n = input.len();
+        let mut out: Vec<S::Out> = Vec::with_capacity(n);
+        let mut keep: Option<Vec<bool>> = None;
+        let mut stop: Option<usize> = None;
+        for (row, x) in input.into_iter().enumerate() {
+            let index = table.indices()[row];
+            let mut attempt = 0u32;
+            let mut x = Some(x);
+            loop {
+                let arg = if attempt < env.retries {
+                    x.clone()
+                } else {
+                    x.take()
+                };
+                let Some(arg) = arg else { break };
+                let ctx = StageCtx {
+                    index,
+                    epoch: env.epoch,
+                    seed: env.seed,
+                    salt,
+                    attempt,
+                    cancel: env.cancel,
+                };
+                if env.every_row {
+                    exec.begin(row, index);
                 }
-                Err(StageFail::Error(e))
-            }
-            Err(payload) => {
-                if let Some(b) = backup {
-                    b.put_into(sample);
+                let r = catch_unwind(AssertUnwindSafe(|| stage.process(arg, &ctx)));
+                if env.every_row {
+                    exec.end();
                 }
-                Err(StageFail::Panic(panic_message(payload.as_ref())))
+                let kind = match r {
+                    Ok(Ok(o)) => {
+                        out.push(o);
+                        break;
+                    }
+                    Ok(Err(e)) => ErrorKind::Failed(error_chain(e.as_ref())),
+                    Err(p) => ErrorKind::Panicked(panic_message(p.as_ref())),
+                };
+                if attempt < env.retries && !env.cancel.load(Ordering::Relaxed) {
+                    attempt += 1;
+                    exec.retry(attempt);
+                    continue;
+                }
+                match exec.fail(index, kind, attempt + 1) {
+                    RowFate::Skip => keep.get_or_insert_with(|| vec![true; n])[row] = false,
+                    RowFate::Stop => stop = Some(row),
+                }
+                break;
+            }
+            if stop.is_some() {
+                break;
             }
         }
+        if let Some(r) = stop {
+            let cut = table.batch_of(r).start;
+            let alive = keep
+                .as_ref()
+                .map_or(cut, |k| k[..cut].iter().filter(|&&b| b).count());
+            out.truncate(alive);
+            if let Some(k) = &mut keep {
+                k.truncate(cut);
+            }
+            table.truncate(cut);
+        }
+        if let Some(k) = keep {
+            table.retain(&k);
+        }
+        S::Out::put_rows(out, table);
+        Ok(())
     })
 }
 

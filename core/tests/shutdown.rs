@@ -61,7 +61,10 @@ fn early_drop_and_a_hundred_epochs_reuse_the_pools() {
         .collate(StackCollate::new().column::<Val>("v"))
         .build()
         .unwrap();
+    // Threads name themselves as they start: let the pools run once first.
+    assert_eq!(collect_all(&p, 1000).len(), 200);
     let threads_before = thread_count();
+    assert_eq!(threads_before, 5, "3 + 2 pool threads");
     for e in 0..100 {
         if e % 3 == 0 {
             // Abandon mid-epoch.
@@ -80,9 +83,17 @@ fn early_drop_and_a_hundred_epochs_reuse_the_pools() {
     );
 }
 
+/// Threads of this process started by ferrofeed (named `ff-…`).
 fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task")
-        .map(|d| d.count())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("comm"))
+                        .is_ok_and(|c| c.starts_with("ff-"))
+                })
+                .count()
+        })
         .unwrap_or(0)
 }
 

@@ -258,8 +258,8 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
     }
     let mut written: Vec<PathBuf> = Vec::new();
     let mut write_err: Option<CliError> = None;
-    let report = pipeline.inspect_with(a.index, a.epoch, |stage, sample| {
-        let (Some(out), Some(img)) = (&a.out, sample.get::<Image>()) else {
+    let report = pipeline.inspect_with(a.index, a.epoch, |stage, table| {
+        let (Some(out), Some(img)) = (&a.out, table.get::<Image>(0)) else {
             return;
         };
         let p = out.join(format!("{:02}_{stage}.png", written.len()));
