@@ -9,6 +9,12 @@
 //! ```
 mod cli;
 
+// Workers allocate and free image-sized buffers at a high rate, often on
+// different threads; mimalloc's thread-local free lists keep that off the
+// page-fault and lock paths that glibc's allocator takes.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     std::process::exit(cli::main());
 }

@@ -114,6 +114,93 @@ pub trait HostBuffer: Send + Sync {
     }
 }
 
+/// A pool of reusable 64-byte-aligned host buffers. A buffer taken from it
+/// goes back when the tensor holding it is dropped, so steady-state batches
+/// cost no allocation and no page faults. At most `max_free` idle buffers
+/// are kept.
+///
+/// ```
+/// use ferrofeed_core::{batch::BufferPool, DType, Tensor};
+/// let pool = BufferPool::new(2);
+/// let t = Tensor::uninit_in(&pool, DType::U8, &[1000]);
+/// drop(t);
+/// assert_eq!(pool.idle(), 1);
+/// let again = Tensor::uninit_in(&pool, DType::U8, &[800]);
+/// assert_eq!(pool.idle(), 0, "the idle buffer was reused");
+/// # drop(again);
+/// ```
+#[derive(Clone)]
+pub struct BufferPool {
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    free: std::sync::Mutex<Vec<Vec<Line>>>,
+    max_free: usize,
+}
+
+impl BufferPool {
+    /// A pool keeping at most `max_free` idle buffers.
+    pub fn new(max_free: usize) -> Self {
+        BufferPool {
+            inner: Arc::new(PoolInner {
+                free: std::sync::Mutex::new(Vec::new()),
+                max_free,
+            }),
+        }
+    }
+    /// Idle buffers held.
+    pub fn idle(&self) -> usize {
+        self.inner.free.lock().map(|f| f.len()).unwrap_or_default()
+    }
+    fn take(&self, lines: usize) -> Vec<Line> {
+        let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+        // The smallest idle buffer that is large enough.
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= lines)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let mut b = free.swap_remove(i);
+                b.truncate(lines);
+                b
+            }
+            None => {
+                drop(free);
+                vec![Line([0; 64]); lines]
+            }
+        }
+    }
+}
+
+struct Pooled {
+    buf: Vec<Line>,
+    pool: Arc<PoolInner>,
+}
+
+impl HostBuffer for Pooled {
+    fn as_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.buf)
+    }
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.buf)
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        if let Ok(mut free) = self.pool.free.lock() {
+            if free.len() < self.pool.max_free {
+                free.push(buf);
+            }
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
@@ -189,6 +276,29 @@ impl Tensor {
             shape: Shape::new(shape),
             len_bytes,
             storage,
+        }
+    }
+
+    /// A tensor whose buffer comes from `pool` (returned when the tensor is
+    /// dropped). Its contents are unspecified — whatever the buffer held
+    /// before — so the caller must write every element.
+    ///
+    /// # Panics
+    /// With more than [`MAX_DIMS`] dimensions.
+    pub fn uninit_in(pool: &BufferPool, dtype: DType, shape: &[usize]) -> Tensor {
+        let len_bytes = shape.iter().product::<usize>() * dtype.size();
+        if len_bytes <= 64 {
+            return Tensor::zeros(dtype, shape);
+        }
+        let buf = pool.take(len_bytes.div_ceil(64));
+        Tensor {
+            dtype,
+            shape: Shape::new(shape),
+            len_bytes,
+            storage: Storage::External(Box::new(Pooled {
+                buf,
+                pool: Arc::clone(&pool.inner),
+            })),
         }
     }
 

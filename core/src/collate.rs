@@ -24,7 +24,7 @@
 //! ```
 use std::sync::Arc;
 
-use crate::batch::{Batch, Element, Tensor};
+use crate::batch::{Batch, BufferPool, Element, Tensor};
 use crate::component::{Component, ComponentId};
 use crate::table::BatchRows;
 
@@ -66,7 +66,7 @@ pub trait Collatable: Component {
 trait Column: Send + Sync {
     fn id(&self) -> ComponentId;
     fn name(&self) -> &Arc<str>;
-    fn build(&self, rows: &BatchRows<'_>) -> Result<Tensor, CollateError>;
+    fn build(&self, rows: &BatchRows<'_>, pool: &BufferPool) -> Result<Tensor, CollateError>;
 }
 
 struct StackColumn<T> {
@@ -81,7 +81,7 @@ impl<T: Collatable> Column for StackColumn<T> {
     fn name(&self) -> &Arc<str> {
         &self.name
     }
-    fn build(&self, rows: &BatchRows<'_>) -> Result<Tensor, CollateError> {
+    fn build(&self, rows: &BatchRows<'_>, pool: &BufferPool) -> Result<Tensor, CollateError> {
         let values = rows.column::<T>().ok_or_else(|| CollateError {
             sample: None,
             message: format!("component {} is missing", ComponentId::of::<T>()),
@@ -95,7 +95,8 @@ impl<T: Collatable> Column for StackColumn<T> {
         let mut shape = Vec::with_capacity(row_shape.len() + 1);
         shape.push(values.len());
         shape.extend_from_slice(&row_shape);
-        let mut tensor = Tensor::zeros(<T::Elem as Element>::DTYPE, &shape);
+        // Every element is written below, so a recycled buffer needs no clearing.
+        let mut tensor = Tensor::uninit_in(pool, <T::Elem as Element>::DTYPE, &shape);
         let data = tensor.as_slice_mut::<T::Elem>().map_err(|e| CollateError {
             sample: None,
             message: e.to_string(),
@@ -122,10 +123,20 @@ impl<T: Collatable> Column for StackColumn<T> {
     }
 }
 
-/// Stacks one component type per column.
-#[derive(Default)]
+/// Stacks one component type per column, into buffers recycled from a
+/// pool once the batches holding them are dropped.
 pub struct StackCollate {
     columns: Vec<Box<dyn Column>>,
+    pool: BufferPool,
+}
+
+impl Default for StackCollate {
+    fn default() -> Self {
+        StackCollate {
+            columns: Vec::new(),
+            pool: BufferPool::new(8),
+        }
+    }
 }
 
 impl StackCollate {
@@ -150,7 +161,7 @@ impl Collate for StackCollate {
     fn collate(&self, rows: &BatchRows<'_>) -> Result<Batch, CollateError> {
         let mut batch = Batch::new(Vec::new());
         for c in &self.columns {
-            batch.insert(Arc::clone(c.name()), c.build(rows)?);
+            batch.insert(Arc::clone(c.name()), c.build(rows, &self.pool)?);
         }
         Ok(batch)
     }

@@ -70,15 +70,15 @@ int ff_jpeg_header(const unsigned char *data, unsigned long len, int *width,
 }
 
 /*
- * Decodes the region (x, y, w, h) of the full-resolution image at 1/denom
- * scale. The delivered region starts at scaled column *out_x (aligned down
+ * Decodes the region (x, y, w, h) of the full-resolution image at num/8
+ * scale (num in 1..8; libjpeg-turbo scales in the IDCT). The delivered region starts at scaled column *out_x (aligned down
  * to an iMCU boundary by libjpeg) and row *out_y, and is *out_w by *out_h
  * RGB pixels, written with a stride of *out_w * 3 bytes into out. With
  * fast set, the integer fast IDCT and plain chroma replication are used
  * (faster, slightly less accurate than the defaults Pillow also uses).
  */
 int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
-                          int denom, int fast, int x, int y, int w, int h,
+                          int num, int fast, int x, int y, int w, int h,
                           unsigned char *out, unsigned long out_cap,
                           int *out_x, int *out_y, int *out_w, int *out_h,
                           char *msg, unsigned long msg_cap) {
@@ -103,8 +103,8 @@ int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
     return FF_UNSUPPORTED;
   }
   cinfo.out_color_space = JCS_RGB;
-  cinfo.scale_num = 1;
-  cinfo.scale_denom = (unsigned int)denom;
+  cinfo.scale_num = (unsigned int)num;
+  cinfo.scale_denom = 8;
   if (fast) {
     /* Integer fast IDCT and box ("non-fancy") chroma upsampling. */
     cinfo.dct_method = JDCT_IFAST;
@@ -116,10 +116,10 @@ int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
     jpeg_destroy_decompress(&cinfo);
     return FF_ERROR;
   }
-  sx = (JDIMENSION)(x / denom);
-  sy = (JDIMENSION)(y / denom);
-  ex = (JDIMENSION)((x + w + denom - 1) / denom);
-  ey = (JDIMENSION)((y + h + denom - 1) / denom);
+  sx = (JDIMENSION)(((long)x * num) / 8);
+  sy = (JDIMENSION)(((long)y * num) / 8);
+  ex = (JDIMENSION)(((long)(x + w) * num + 7) / 8);
+  ey = (JDIMENSION)(((long)(y + h) * num + 7) / 8);
   if (ex > cinfo.output_width) ex = cinfo.output_width;
   if (ey > cinfo.output_height) ey = cinfo.output_height;
   if (sx >= ex || sy >= ey) {

@@ -1,12 +1,58 @@
 //! Single-thread decode and transform timings over a folder of JPEGs:
-//! `cargo run --release -p ferrofeed-vision --example decode_speed -- DIR`.
+//! `cargo run --release -p ferrofeed-vision --example decode_speed -- DIR [MODE]`.
+//!
+//! MODE runs one path only (to count instructions under callgrind):
+//! `zune` (zune-jpeg decode only: the "plain decode limit"), `decode`
+//! (default decoder, decode only), `train-fused`, `train-unfused`,
+//! `train-fast`, `eval-fused`, `eval-unfused`. Without MODE, all of them.
 use std::time::Instant;
 
 use ferrofeed_core::rng::sample_rng;
-use ferrofeed_vision::{decode, DecodeOptions, Transform};
+use ferrofeed_vision::{decode, Backend, DecodeOptions, DecodeTransform, Transform};
+
+fn run(mode: &str, files: &[Vec<u8>]) -> f64 {
+    let mut rng = sample_rng(1);
+    let stage = |transform, fast| DecodeTransform {
+        transform,
+        decode: DecodeOptions {
+            fast,
+            ..Default::default()
+        },
+    };
+    let t = Instant::now();
+    for f in files {
+        let ok = match mode {
+            "zune" => decode(
+                f,
+                &DecodeOptions {
+                    backend: Backend::Zune,
+                    ..Default::default()
+                },
+            )
+            .is_ok(),
+            "decode" => decode(f, &DecodeOptions::default()).is_ok(),
+            "train-fused" => stage(Transform::train(224), false).run(f, &mut rng).is_ok(),
+            "train-unfused" => stage(Transform::train(224), false)
+                .run_unfused(f, &mut rng)
+                .is_ok(),
+            "train-fast" => stage(Transform::train(224), true).run(f, &mut rng).is_ok(),
+            "eval-fused" => stage(Transform::eval(256, 224), false)
+                .run(f, &mut rng)
+                .is_ok(),
+            "eval-unfused" => stage(Transform::eval(256, 224), false)
+                .run_unfused(f, &mut rng)
+                .is_ok(),
+            other => panic!("unknown mode {other}"),
+        };
+        assert!(ok, "{mode} failed");
+    }
+    t.elapsed().as_secs_f64() * 1e3 / files.len() as f64
+}
 
 fn main() {
-    let dir = std::env::args().nth(1).expect("usage: decode_speed DIR");
+    let dir = std::env::args()
+        .nth(1)
+        .expect("usage: decode_speed DIR [MODE]");
     let folder = ferrofeed_stages::ImageFolder::scan(&dir, &["jpg"]).expect("a folder of JPEGs");
     let files: Vec<Vec<u8>> = folder
         .files()
@@ -14,80 +60,27 @@ fn main() {
         .take(1024)
         .map(|(p, _)| std::fs::read(p).expect("readable"))
         .collect();
-    let o = DecodeOptions::default();
-    let t = Instant::now();
-    let imgs: Vec<_> = files
-        .iter()
-        .map(|b| decode(b, &o).expect("decodes"))
-        .collect();
-    let dt = t.elapsed().as_secs_f64();
-    println!(
-        "decode only: {:.3} ms/image ({:.0} img/s)",
-        dt * 1e3 / files.len() as f64,
-        files.len() as f64 / dt
-    );
-    let mut rng = sample_rng(1);
-    for (name, tr) in [
-        ("train", Transform::train(224)),
-        ("eval", Transform::eval(256, 224)),
-    ] {
-        let t = Instant::now();
-        for img in &imgs {
-            let _ = tr.apply(img.clone(), &mut rng).expect("transforms");
-        }
-        let dt = t.elapsed().as_secs_f64();
-        println!(
-            "{name} transform only: {:.3} ms/image",
-            dt * 1e3 / imgs.len() as f64
-        );
-    }
-    for (name, tr) in [
-        ("train", Transform::train(224)),
-        ("eval", Transform::eval(256, 224)),
-    ] {
-        let st = ferrofeed_vision::DecodeTransform::new(tr);
-        let t = Instant::now();
-        for f in &files {
-            let _ = st.run(f, &mut rng).expect("runs");
-        }
-        let fused = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for f in &files {
-            let _ = st.run_unfused(f, &mut rng).expect("runs");
-        }
-        let unfused = t.elapsed().as_secs_f64();
-        let n = files.len() as f64;
-        println!(
-            "{name} decode+transform: fused {:.3} ms/image, unfused {:.3} ms/image",
-            fused * 1e3 / n,
-            unfused * 1e3 / n
-        );
-    }
-    let fast = ferrofeed_vision::DecodeTransform {
-        transform: Transform::train(224),
-        decode: DecodeOptions {
-            fast: true,
-            ..Default::default()
-        },
+    let modes = match std::env::args().nth(2) {
+        Some(m) => vec![m],
+        None => [
+            "zune",
+            "decode",
+            "train-fused",
+            "train-unfused",
+            "train-fast",
+            "eval-fused",
+            "eval-unfused",
+        ]
+        .map(String::from)
+        .to_vec(),
     };
-    let t = Instant::now();
-    for f in &files {
-        let _ = fast.run(f, &mut rng).expect("runs");
+    for m in modes {
+        let ms = run(&m, &files);
+        let label = if m == "zune" {
+            "zune-jpeg decode only".to_string()
+        } else {
+            m.clone()
+        };
+        println!("{label}: {ms:.3} ms/image");
     }
-    println!(
-        "train fused fast: {:.3} ms/image",
-        t.elapsed().as_secs_f64() * 1e3 / files.len() as f64
-    );
-    let zune = DecodeOptions {
-        backend: ferrofeed_vision::Backend::Zune,
-        ..Default::default()
-    };
-    let t = Instant::now();
-    for f in &files {
-        let _ = decode(f, &zune).expect("decodes");
-    }
-    println!(
-        "zune-jpeg decode only: {:.3} ms/image",
-        t.elapsed().as_secs_f64() * 1e3 / files.len() as f64
-    );
 }

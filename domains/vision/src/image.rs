@@ -48,14 +48,13 @@ impl Image {
     }
     /// Mirrors the image left-right in place.
     pub fn flip_horizontal(&mut self) {
-        let w = self.width as usize;
-        for row in self.data.chunks_exact_mut(w * 3) {
-            for x in 0..w / 2 {
-                let (a, b) = (x * 3, (w - 1 - x) * 3);
-                for c in 0..3 {
-                    row.swap(a + c, b + c);
-                }
+        let row_len = self.width as usize * 3;
+        let mut tmp = vec![0u8; row_len];
+        for row in self.data.chunks_exact_mut(row_len) {
+            for (d, s) in tmp.chunks_exact_mut(3).zip(row.chunks_exact(3).rev()) {
+                d.copy_from_slice(s);
             }
+            row.copy_from_slice(&tmp);
         }
     }
 }

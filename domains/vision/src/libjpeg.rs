@@ -1,7 +1,8 @@
 //! Region decoding through the system libjpeg(-turbo) (`csrc/ffjpeg.c`):
-//! only the rows and iMCU columns a crop needs are decoded, optionally at
-//! 1/2, 1/4 or 1/8 scale in the DCT domain — what libjpeg-turbo's
-//! `jpeg_crop_scanline`/`jpeg_skip_scanlines` and PIL's `draft()` offer.
+//! only the rows and iMCU columns a crop needs are decoded, optionally
+//! scaled by `num/8` in the IDCT — libjpeg-turbo's `jpeg_crop_scanline`,
+//! `jpeg_skip_scanlines` and scaled IDCTs (PIL's `draft()` uses the 1/2,
+//! 1/4, 1/8 subset).
 //!
 //! Built only when the headers and library are present (see `build.rs`);
 //! [`AVAILABLE`] says whether it was.
@@ -10,8 +11,9 @@
 //! let jpeg = ferrofeed_vision::synth::jpeg(2, 3, 90).unwrap();
 //! if ferrofeed_vision::libjpeg::AVAILABLE {
 //!     let (w, h) = ferrofeed_vision::libjpeg::header(&jpeg).unwrap().unwrap();
-//!     let r = ferrofeed_vision::libjpeg::decode_region(&jpeg, 2, false, 100, 50, 200, 150).unwrap().unwrap();
-//!     assert!(r.x <= 50 && r.x + r.width >= 150 && r.height == 75);
+//!     // Half scale: the region (100, 50, 200×150) becomes (50, 25, 100×75).
+//!     let r = ferrofeed_vision::libjpeg::decode_region(&jpeg, 4, false, 100, 50, 200, 150).unwrap().unwrap();
+//!     assert!(r.x <= 50 && r.x + r.width >= 150 && r.y == 25 && r.height == 75);
 //!     assert!(w > 0 && h > 0);
 //! }
 //! ```
@@ -30,8 +32,8 @@ pub struct Region {
     pub width: u32,
     /// Rows delivered.
     pub height: u32,
-    /// The scale divisor used (1, 2, 4, 8).
-    pub denom: u32,
+    /// The scale used, in eighths (8 = full size).
+    pub num: u32,
     /// RGB rows of `width × 3` bytes.
     pub data: Vec<u8>,
 }
@@ -52,7 +54,7 @@ mod ffi {
         pub fn ff_jpeg_decode_region(
             data: *const c_uchar,
             len: c_ulong,
-            denom: c_int,
+            num: c_int,
             fast: c_int,
             x: c_int,
             y: c_int,
@@ -108,47 +110,95 @@ pub fn header(bytes: &[u8]) -> Result<Option<(u32, u32)>, String> {
     }
 }
 
-/// Decodes the full-resolution region `(x, y, w, h)` at `1/denom` scale;
+/// Where a decoded region sits, in scaled coordinates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// First column (scaled; aligned down to an iMCU boundary).
+    pub x: u32,
+    /// First row (scaled).
+    pub y: u32,
+    /// Columns delivered.
+    pub width: u32,
+    /// Rows delivered.
+    pub height: u32,
+    /// The scale used, in eighths (8 = full size).
+    pub num: u32,
+}
+
+/// Decodes the full-resolution region `(x, y, w, h)` at `num/8` scale;
 /// `Ok(None)` when libjpeg cannot produce RGB (CMYK/YCCK) or was not built.
 /// `fast` trades a little accuracy for speed (fast integer IDCT, plain
 /// chroma upsampling).
 #[allow(clippy::too_many_arguments)]
 pub fn decode_region(
     bytes: &[u8],
-    denom: u32,
+    num: u32,
     fast: bool,
     x: u32,
     y: u32,
     w: u32,
     h: u32,
 ) -> Result<Option<Region>, String> {
+    let mut buf = Vec::new();
+    Ok(
+        decode_region_into(bytes, num, fast, x, y, w, h, &mut buf)?.map(|i| {
+            buf.truncate(i.width as usize * i.height as usize * 3);
+            Region {
+                x: i.x,
+                y: i.y,
+                width: i.width,
+                height: i.height,
+                num: i.num,
+                data: buf,
+            }
+        }),
+    )
+}
+
+/// Like [`decode_region`], writing the RGB rows into `buf` (grown when too
+/// small, never shrunk, so a reused buffer costs no allocation); the pixels
+/// are `buf[..width * height * 3]`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_region_into(
+    bytes: &[u8],
+    num: u32,
+    fast: bool,
+    x: u32,
+    y: u32,
+    w: u32,
+    h: u32,
+    buf: &mut Vec<u8>,
+) -> Result<Option<RegionInfo>, String> {
     #[cfg(ff_libjpeg)]
     {
-        if ![1, 2, 4, 8].contains(&denom) {
-            return Err(format!("scale 1/{denom} is not supported"));
+        if !(1..=8).contains(&num) {
+            return Err(format!("scale {num}/8 is not supported"));
         }
-        let sw = (w as usize).div_ceil(denom as usize) + 2;
-        let sh = (h as usize).div_ceil(denom as usize) + 2;
+        let sw = (w as usize * num as usize).div_ceil(8) + 2;
+        let sh = (h as usize * num as usize).div_ceil(8) + 2;
         // iMCU alignment widens the region by at most 32 columns each side.
         let cap = (sw + 64) * sh * 3;
-        let mut out = vec![0u8; cap];
+        if buf.len() < cap {
+            buf.resize(cap, 0);
+        }
         let (mut ox, mut oy, mut ow, mut oh) = (0, 0, 0, 0);
         let mut msg = [0u8; 256];
         let to_int = |v: u32| i32::try_from(v).map_err(|_| format!("coordinate {v} is too large"));
-        // SAFETY: as in `header`; `out` has `cap` writable bytes and the C
-        // side checks its writes against `cap`.
+        // SAFETY: pointers to live buffers with their true lengths; `buf`
+        // has `buf.len()` writable bytes and the C side checks its writes
+        // against that; nothing is kept after the call.
         let rc = unsafe {
             ffi::ff_jpeg_decode_region(
                 bytes.as_ptr(),
                 bytes.len() as _,
-                denom as i32,
+                num as i32,
                 i32::from(fast),
                 to_int(x)?,
                 to_int(y)?,
                 to_int(w)?,
                 to_int(h)?,
-                out.as_mut_ptr(),
-                cap as _,
+                buf.as_mut_ptr(),
+                buf.len() as _,
                 &mut ox,
                 &mut oy,
                 &mut ow,
@@ -158,24 +208,20 @@ pub fn decode_region(
             )
         };
         match rc {
-            0 => {
-                out.truncate(ow as usize * oh as usize * 3);
-                Ok(Some(Region {
-                    x: ox as u32,
-                    y: oy as u32,
-                    width: ow as u32,
-                    height: oh as u32,
-                    denom,
-                    data: out,
-                }))
-            }
+            0 => Ok(Some(RegionInfo {
+                x: ox as u32,
+                y: oy as u32,
+                width: ow as u32,
+                height: oh as u32,
+                num,
+            })),
             2 => Ok(None),
             _ => Err(message(&msg)),
         }
     }
     #[cfg(not(ff_libjpeg))]
     {
-        let _ = (bytes, denom, fast, x, y, w, h);
+        let _ = (bytes, num, fast, x, y, w, h, buf);
         Ok(None)
     }
 }

@@ -114,6 +114,8 @@ pub fn center_crop_box(width: u32, height: u32, size: u32) -> CropBox {
 
 thread_local! {
     static RESIZER: RefCell<fir::Resizer> = RefCell::new(fir::Resizer::new());
+    /// Each worker's buffer for decoded JPEG regions, reused across images.
+    static REGION: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Resamples the region `(left, top, width, height)` of `img` (fractional
@@ -124,7 +126,19 @@ pub fn resize_crop(
     out_w: u32,
     out_h: u32,
 ) -> Result<Image, String> {
-    let src = fir::images::ImageRef::new(img.width, img.height, &img.data, fir::PixelType::U8x3)
+    resize_raw(&img.data, img.width, img.height, region, out_w, out_h)
+}
+
+/// [`resize_crop`] over raw RGB rows.
+fn resize_raw(
+    data: &[u8],
+    width: u32,
+    height: u32,
+    region: (f64, f64, f64, f64),
+    out_w: u32,
+    out_h: u32,
+) -> Result<Image, String> {
+    let src = fir::images::ImageRef::new(width, height, data, fir::PixelType::U8x3)
         .map_err(|e| e.to_string())?;
     let mut dst = fir::images::Image::new(out_w, out_h, fir::PixelType::U8x3);
     let opts = fir::ResizeOptions::new()
@@ -306,7 +320,8 @@ impl DecodeTransform {
 
     /// Fused decode + crop: decode only the rows and iMCU columns the crop
     /// needs (plus the resampling filter's margin), at 1/2, 1/4 or 1/8 scale
-    /// when the crop is at least that many times the output. `Ok(None)` when
+    /// in the IDCT when the crop is at least that many times the output (so
+    /// the resize after it still only shrinks, and antialiases). `Ok(None)` when
     /// it does not apply (not a JPEG, EXIF-rotated, CMYK, no libjpeg, or no
     /// transform).
     pub fn run_fused(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Option<Image>, BoxError> {
@@ -379,36 +394,48 @@ impl DecodeTransform {
         let y0 = (region.1.floor() as u32).saturating_sub(my);
         let x1 = (((region.0 + region.2).ceil() as u32) + mx).min(w);
         let y1 = (((region.1 + region.3).ceil() as u32) + my).min(h);
-        let denom = [8u32, 4, 2]
+        // The smallest IDCT scale of 1/8, 1/4, 1/2 or 1 that keeps the crop
+        // at least as large as the output (libjpeg-turbo has SIMD IDCTs for
+        // these; its other M/8 scales are slower than a full decode).
+        let need = (f64::from(out_w) / region.2).max(f64::from(out_h) / region.3);
+        let num = [1u32, 2, 4, 8]
             .into_iter()
-            .find(|&d| {
-                region.2 / f64::from(d) >= f64::from(out_w)
-                    && region.3 / f64::from(d) >= f64::from(out_h)
-            })
-            .unwrap_or(1);
-        let Some(r) =
-            crate::libjpeg::decode_region(bytes, denom, self.decode.fast, x0, y0, x1 - x0, y1 - y0)
-                .map_err(DecodeError::Jpeg)?
-        else {
-            return Ok(None);
-        };
-        let d = f64::from(denom);
-        let (rx, ry) = (f64::from(r.x), f64::from(r.y));
-        let (rw, rh) = (f64::from(r.width), f64::from(r.height));
-        let img = Image::new(r.width, r.height, r.data)?;
-        let left = (region.0 / d - rx).clamp(0.0, rw);
-        let top = (region.1 / d - ry).clamp(0.0, rh);
-        let inner = (
-            left,
-            top,
-            (region.2 / d).min(rw - left),
-            (region.3 / d).min(rh - top),
-        );
-        let mut out = resize_crop(&img, inner, out_w, out_h)?;
-        if flip {
-            out.flip_horizontal();
-        }
-        Ok(Some(out))
+            .find(|&m| f64::from(m) >= need * 8.0)
+            .unwrap_or(8);
+        REGION.with(|buf| -> Result<Option<Image>, BoxError> {
+            let mut buf = buf.borrow_mut();
+            let Some(r) = crate::libjpeg::decode_region_into(
+                bytes,
+                num,
+                self.decode.fast,
+                x0,
+                y0,
+                x1 - x0,
+                y1 - y0,
+                &mut buf,
+            )
+            .map_err(DecodeError::Jpeg)?
+            else {
+                return Ok(None);
+            };
+            let d = 8.0 / f64::from(num);
+            let (rx, ry) = (f64::from(r.x), f64::from(r.y));
+            let (rw, rh) = (f64::from(r.width), f64::from(r.height));
+            let left = (region.0 / d - rx).clamp(0.0, rw);
+            let top = (region.1 / d - ry).clamp(0.0, rh);
+            let inner = (
+                left,
+                top,
+                (region.2 / d).min(rw - left),
+                (region.3 / d).min(rh - top),
+            );
+            let pixels = &buf[..r.width as usize * r.height as usize * 3];
+            let mut out = resize_raw(pixels, r.width, r.height, inner, out_w, out_h)?;
+            if flip {
+                out.flip_horizontal();
+            }
+            Ok(Some(out))
+        })
     }
 }
 
