@@ -68,3 +68,66 @@ fn batches_are_bit_identical_across_worker_counts_and_runs() {
         }
     }
 }
+
+#[test]
+fn the_decoded_image_cache_changes_nothing_but_the_work_done() {
+    use ferrofeed::vision::cache::ImageCache;
+    let d = tempfile::tempdir().unwrap();
+    synth::write_dataset(d.path(), 9, 6, 2).unwrap();
+    let folder = ImageFolder::scan(d.path(), IMAGE_EXTENSIONS).unwrap();
+    let build = |cache: Option<std::sync::Arc<ImageCache>>| {
+        let mut stage = DecodeTransform::new(Transform::train(48));
+        if let Some(c) = cache {
+            stage = stage.with_cache(c);
+        }
+        Pipeline::builder(folder.clone().into_source())
+            .stage("read", ReadFile::default())
+            .stage("decode", stage)
+            .batch_size(4)
+            .shuffle(true)
+            .seed(1)
+            .collate(collate())
+            .build()
+            .unwrap()
+    };
+    let grab = |p: &Pipeline, e| -> Vec<Vec<u8>> {
+        p.epoch(e)
+            .map(|b| {
+                b.unwrap()
+                    .get("images")
+                    .unwrap()
+                    .as_slice::<u8>()
+                    .unwrap()
+                    .to_vec()
+            })
+            .collect()
+    };
+    let big = ImageCache::new(1 << 30);
+    let cached = build(Some(big.clone()));
+    let plain = build(None);
+    for e in 0..3 {
+        let (a, b) = (grab(&cached, e), grab(&plain, e));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            // The cached path decodes whole images; the plain one decodes
+            // only the crop: the pixels agree closely, not bit for bit.
+            let mse: f64 = x
+                .iter()
+                .zip(y)
+                .map(|(p, q)| (f64::from(*p) - f64::from(*q)).powi(2))
+                .sum::<f64>()
+                / x.len() as f64;
+            assert!(mse < 10.0, "epoch {e}: mse {mse}");
+        }
+    }
+    assert_eq!(big.len(), 9);
+    assert_eq!(big.misses(), 9, "each image decoded once");
+    assert_eq!(big.hits(), 18, "later epochs hit");
+    // A cache smaller than the dataset stays under its cap.
+    let small = ImageCache::new(1_000_000);
+    let p = build(Some(small.clone()));
+    for e in 0..2 {
+        assert_eq!(grab(&p, e).len(), 3);
+    }
+    assert!(small.bytes() <= 1_000_000 && small.len() < 9);
+}

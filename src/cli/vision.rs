@@ -9,6 +9,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
 use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
+use ferrofeed_vision::cache::ImageCache;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 
 use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
@@ -38,6 +39,10 @@ pub struct VisionOpts {
     /// Refuse images whose header claims more pixels.
     #[arg(long, default_value_t = 100_000_000)]
     pub max_pixels: u64,
+    /// Keep decoded images in an LRU cache of this many bytes (e.g. 2GiB), so
+    /// later epochs skip decoding.
+    #[arg(long, value_parser = super::parse_size, value_name = "SIZE")]
+    pub cache_bytes: Option<usize>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -210,6 +215,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
             max_pixels: a.vision.max_pixels,
             ..Default::default()
         },
+        cache: a.vision.cache_bytes.map(ImageCache::new),
     };
     let c = &a.common;
     let cpus = ferrofeed_core::builder::available_cpus();
@@ -247,6 +253,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
             max_pixels: a.vision.max_pixels,
             ..Default::default()
         },
+        cache: None,
     };
     let pipeline = builder_for(&ds, stage, Parallelism::Fixed(1))
         .seed(a.seed)

@@ -18,6 +18,7 @@ fn run(mode: &str, files: &[Vec<u8>]) -> f64 {
             fast,
             ..Default::default()
         },
+        cache: None,
     };
     let t = Instant::now();
     for f in files {

@@ -24,6 +24,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod cache;
 pub mod decode;
 pub mod image;
 pub mod libjpeg;

@@ -19,12 +19,14 @@
 //! assert_eq!((b.left, b.top, b.width, b.height), (59, 16, 224, 224));
 //! ```
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use fast_image_resize as fir;
 use ferrofeed_core::{BoxError, Stage, StageCtx};
 use ferrofeed_stages::Bytes;
 use rand::Rng;
 
+use crate::cache::ImageCache;
 use crate::decode::{decode, DecodeOptions};
 use crate::image::{Image, NormalizedImage};
 
@@ -227,8 +229,16 @@ impl Transform {
     /// Applies the transform to a decoded image; random draws come from
     /// `rng` (in the pipeline: the sample's `(seed, epoch, index)` RNG).
     pub fn apply(&self, img: Image, rng: &mut impl Rng) -> Result<Image, String> {
-        match *self {
+        match self {
             Transform::None => Ok(img),
+            _ => self.apply_ref(&img, rng),
+        }
+    }
+
+    /// [`apply`](Self::apply) to a borrowed image (e.g. one held by a cache).
+    pub fn apply_ref(&self, img: &Image, rng: &mut impl Rng) -> Result<Image, String> {
+        match *self {
+            Transform::None => Ok(img.clone()),
             Transform::Eval { resize, size } => {
                 let (nw, nh) = eval_resize_size(img.width, img.height, resize);
                 let b = center_crop_box(nw, nh, size);
@@ -241,7 +251,7 @@ impl Transform {
                     f64::from(b.width) * sx,
                     f64::from(b.height) * sy,
                 );
-                resize_crop(&img, region, b.width, b.height)
+                resize_crop(img, region, b.width, b.height)
             }
             Transform::Train {
                 size,
@@ -256,7 +266,7 @@ impl Transform {
                     f64::from(b.width),
                     f64::from(b.height),
                 );
-                let mut out = resize_crop(&img, region, size, size)?;
+                let mut out = resize_crop(img, region, size, size)?;
                 if rng.random::<f64>() < flip_p {
                     out.flip_horizontal();
                 }
@@ -285,22 +295,53 @@ impl Transform {
     }
 }
 
-/// The fused stage `Bytes → Image`: decode, then the transform.
-#[derive(Debug, Clone, Copy)]
+/// The fused stage `Bytes → Image`: decode, then the transform; with a
+/// cache, decoded images are kept by dataset index and later epochs only
+/// transform them.
+#[derive(Debug, Clone)]
 pub struct DecodeTransform {
     /// The transform after decoding.
     pub transform: Transform,
     /// Decoder limits.
     pub decode: DecodeOptions,
+    /// Decoded images kept across epochs.
+    pub cache: Option<Arc<ImageCache>>,
 }
 
 impl DecodeTransform {
-    /// With default decoder limits.
+    /// With default decoder limits and no cache.
     pub fn new(transform: Transform) -> Self {
         DecodeTransform {
             transform,
             decode: DecodeOptions::default(),
+            cache: None,
         }
+    }
+
+    /// Keeps decoded images in `cache`.
+    pub fn with_cache(mut self, cache: Arc<ImageCache>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// Runs the stage for dataset sample `index` through the cache: a hit
+    /// skips decoding; a miss decodes the whole image and stores it.
+    pub fn run_cached(
+        &self,
+        cache: &ImageCache,
+        index: u64,
+        bytes: &[u8],
+        rng: &mut impl Rng,
+    ) -> Result<Image, BoxError> {
+        let img = match cache.get(index) {
+            Some(img) => img,
+            None => {
+                let img = Arc::new(decode(bytes, &self.decode)?);
+                cache.insert(index, Arc::clone(&img));
+                img
+            }
+        };
+        Ok(self.transform.apply_ref(&img, rng)?)
     }
     /// Runs the stage outside a pipeline: the fused path when it applies,
     /// else decode then transform. Both draw the same random numbers in the
@@ -443,7 +484,10 @@ impl Stage for DecodeTransform {
     type In = Bytes;
     type Out = Image;
     fn process(&self, bytes: Bytes, ctx: &StageCtx) -> Result<Image, BoxError> {
-        self.run(&bytes, &mut ctx.rng())
+        match &self.cache {
+            Some(cache) => self.run_cached(cache, ctx.index(), &bytes, &mut ctx.rng()),
+            None => self.run(&bytes, &mut ctx.rng()),
+        }
     }
 }
 

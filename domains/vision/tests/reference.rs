@@ -148,6 +148,7 @@ fn eval_matches_torchvision_resize_and_center_crop() {
                     backend,
                     ..Default::default()
                 },
+                cache: None,
             };
             let mut rng = sample_rng(0);
             let fused = stage.run(&bytes, &mut rng).unwrap();
