@@ -9,8 +9,8 @@
 //! use ferrofeed_vision::{cache::ImageCache, Image};
 //! let cache = ImageCache::new(100);
 //! cache.insert(7, Arc::new(Image::new(4, 4, vec![0; 48]).unwrap()));
-//! assert!(cache.get(7).is_some());
 //! cache.insert(8, Arc::new(Image::new(4, 4, vec![1; 48]).unwrap()));
+//! assert!(cache.get(7).is_some()); // 7 is now more recent than 8
 //! cache.insert(9, Arc::new(Image::new(4, 4, vec![2; 48]).unwrap()));
 //! assert!(cache.get(8).is_none(), "the least recently used entry was evicted");
 //! assert!(cache.bytes() <= 100);
