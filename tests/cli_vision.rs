@@ -436,3 +436,154 @@ fn webdataset_shards_run_and_name_members() {
         .unwrap()
         .contains("not an integer label"));
 }
+
+fn read_npy_i64(path: &Path) -> Vec<i64> {
+    let bytes = std::fs::read(path).unwrap();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    bytes[10 + hlen..]
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn dumped(dir: &Path, col: &str) -> Vec<Vec<u8>> {
+    let mut files: Vec<PathBuf> = walk(dir)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(&format!("{col}_"))
+        })
+        .collect();
+    files.sort();
+    files.iter().map(|f| std::fs::read(f).unwrap()).collect()
+}
+
+#[test]
+fn save_state_and_resume_continue_the_exact_stream() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 22, 2);
+    let with_seed = |seed: &str, extra: &[&str]| {
+        let mut v = vec![
+            "vision",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "4",
+            "--size",
+            "32",
+            "--epochs",
+            "2",
+            "--seed",
+            seed,
+            "--quiet",
+        ];
+        v.extend_from_slice(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let common = |extra: &[&str]| with_seed("8", extra);
+    let run_owned = |args: Vec<String>| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&refs);
+    };
+    let (full, a, b) = (
+        d.path().join("full"),
+        d.path().join("a"),
+        d.path().join("b"),
+    );
+    let state = d.path().join("state.json");
+    run_owned(common(&["--dump", full.to_str().unwrap()]));
+    run_owned(common(&[
+        "--dump",
+        a.to_str().unwrap(),
+        "--limit-batches",
+        "8",
+        "--save-state",
+        state.to_str().unwrap(),
+    ]));
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    assert_eq!(
+        saved["epoch"], 1,
+        "8 batches: all 6 of epoch 0 and 2 of epoch 1"
+    );
+    assert_eq!(saved["position"][0], 2);
+    run_owned(common(&[
+        "--dump",
+        b.to_str().unwrap(),
+        "--resume",
+        state.to_str().unwrap(),
+    ]));
+    for col in ["images", "labels", "indices"] {
+        let joined: Vec<Vec<u8>> = dumped(&a, col).into_iter().chain(dumped(&b, col)).collect();
+        assert_eq!(joined, dumped(&full, col), "{col}");
+    }
+    // A state from another seed is refused with the difference named.
+    let out = run(&with_seed("9", &["--resume", state.to_str().unwrap()])
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("seed = 8"));
+    std::fs::write(&state, "{\"format\": \"ferrofeed-state-v1\"}").unwrap();
+    let out = run(&common(&["--resume", state.to_str().unwrap()])
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("missing field"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn ranks_split_the_epoch_and_read_the_environment() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 15, 5);
+    let mut all = Vec::new();
+    for rank in 0..3 {
+        let out = d.path().join(format!("r{rank}"));
+        let o = ff()
+            .args([
+                "vision",
+                data.to_str().unwrap(),
+                "--batch-size",
+                "2",
+                "--size",
+                "32",
+                "--quiet",
+                "--dump",
+                out.to_str().unwrap(),
+            ])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "3")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut files: Vec<PathBuf> = walk(&out)
+            .into_iter()
+            .filter(|p| p.to_str().unwrap().contains("indices_"))
+            .collect();
+        files.sort();
+        assert_eq!(files.len(), 3, "5 samples per rank in batches of 2");
+        for f in files {
+            all.extend(read_npy_i64(&f));
+        }
+    }
+    all.sort_unstable();
+    assert_eq!(all, (0..15).collect::<Vec<_>>());
+    let bad = run(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--rank",
+        "3",
+        "--world-size",
+        "3",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("rank 3 is not below the world size 3"));
+}

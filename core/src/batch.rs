@@ -470,6 +470,9 @@ pub struct Batch {
     columns: Vec<(Arc<str>, Tensor)>,
     indices: smallvec::SmallVec<[u64; 4]>,
     pub(crate) lease: Option<std::sync::Arc<Lease>>,
+    /// Position in the epoch: (plan batch, 0) for map-style sources, (shard
+    /// position, part) for iterable ones.
+    pub(crate) pos: (u64, u64),
 }
 
 impl fmt::Debug for Batch {
@@ -488,6 +491,7 @@ impl Batch {
             columns: Vec::with_capacity(2),
             indices: indices.into(),
             lease: None,
+            pos: (0, 0),
         }
     }
     /// Adds (or replaces) a column.

@@ -24,7 +24,7 @@ use crate::collate::Collate;
 use crate::component::{ComponentId, ComponentSet};
 use crate::error::{BoxError, BuildError, ErrorPolicy};
 use crate::pipeline::{ErasedSource, Pipeline, Shared, StageNode};
-use crate::sampler::{BatchSampler, FixedBatches, Order};
+use crate::sampler::{BatchSampler, FixedBatches, Order, Shard};
 use crate::source::{IterableSource, Source};
 use crate::stage::{erase, FnStage, Parallelism, Stage, StageCtx};
 
@@ -87,6 +87,8 @@ pub struct PipelineBuilder {
     cpus: Option<usize>,
     min_task_samples: usize,
     fuse: bool,
+    shard: Shard,
+    shuffle_buffer: usize,
 }
 
 /// Default byte budget: 256 MiB.
@@ -122,6 +124,8 @@ impl PipelineBuilder {
             cpus: None,
             min_task_samples: 64,
             fuse: true,
+            shard: Shard::single(),
+            shuffle_buffer: 0,
         }
     }
 
@@ -235,6 +239,20 @@ impl PipelineBuilder {
         self
     }
 
+    /// This process's rank in a distributed job (default: rank 0 of 1; see
+    /// [`Shard::from_env`]). Every rank sees the same global order and reads
+    /// its own slice.
+    pub fn shard(mut self, shard: Shard) -> Self {
+        self.shard = shard;
+        self
+    }
+    /// For iterable sources: a per-shard shuffle buffer of this many items,
+    /// seeded by `(seed, epoch, shard)` (default 0: stream order).
+    pub fn shuffle_buffer(mut self, items: usize) -> Self {
+        self.shuffle_buffer = items;
+        self
+    }
+
     /// Checks the plan and starts the worker pools.
     pub fn build(self) -> Result<Pipeline, BuildError> {
         if self.batch_size == 0 {
@@ -243,6 +261,8 @@ impl PipelineBuilder {
         if self.max_bytes == 0 {
             return Err(BuildError::ZeroBudget);
         }
+        Shard::new(self.shard.rank, self.shard.world_size)
+            .map_err(|e| BuildError::Invalid(e.to_string()))?;
         if self.prefetch == Some(0) {
             return Err(BuildError::Invalid("prefetch must be at least 1".into()));
         }
@@ -314,6 +334,8 @@ impl PipelineBuilder {
             collate,
             sampler,
             crate::pipeline::Config {
+                shard: self.shard,
+                shuffle_buffer: self.shuffle_buffer,
                 seed: self.seed,
                 policy: self.policy,
                 ordered: self.ordered,

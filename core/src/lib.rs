@@ -45,6 +45,7 @@ pub mod rng;
 pub mod sampler;
 pub mod source;
 pub mod stage;
+pub mod state;
 pub mod table;
 
 pub use batch::{Batch, DType, Element, HostBuffer, Tensor};
@@ -55,9 +56,13 @@ pub use component::{Component, ComponentId, ComponentSet};
 pub use error::{BoxError, BuildError, ErrorKind, ErrorPolicy, SampleError};
 pub use metrics::{EpochSummary, StageReport};
 pub use pipeline::{EpochIter, InspectReport, Pipeline};
-pub use sampler::{BatchSampler, EpochPlan, FixedBatches, Order};
+pub use sampler::{
+    BatchSampler, Batched, ClassBalanced, ContiguousWindows, Curriculum, EpochPlan, FixedBatches,
+    Order, PlanCtx, Sampler, Shard, ShardError, WeightError, Weighted,
+};
 pub use source::{FnSource, IterableSource, Source};
 pub use stage::{Parallelism, Stage, StageCtx};
+pub use state::{PipelineState, ResumeError};
 pub use table::{BatchRows, Table};
 
 /// Everything a pipeline author usually needs, in one import.

@@ -40,7 +40,7 @@ use crate::collate::Collate;
 use crate::component::{ComponentId, ComponentSet};
 use crate::error::{BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError};
 use crate::metrics::{EpochSummary, StageMetrics, StageReport};
-use crate::sampler::{permutation, BatchSampler, EpochPlan};
+use crate::sampler::{permutation, BatchSampler, EpochPlan, PlanCtx, Shard};
 use crate::source::{stream_index, IterableSource, Source};
 use crate::stage::{erase, Exec, RowFate, RunEnv, RunFn, Stage, StageCtx};
 use crate::table::{BatchRows, Table};
@@ -66,36 +66,54 @@ struct StreamReader<O> {
     it: crate::source::ShardIter<O>,
     shard: usize,
     pos: u64,
+    /// Bounded shuffle buffer: items wait here and leave in a random order
+    /// drawn from `(seed, epoch, shard)`, whichever worker reads the shard.
+    buffer: Vec<(u64, O)>,
+    capacity: usize,
+    rng: crate::rng::SampleRng,
+    exhausted: bool,
 }
 
 impl<O: ComponentSet> ShardReader for StreamReader<O> {
     fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool) {
+        use rand::Rng;
         let mut idx = Vec::with_capacity(max);
         let mut vals = Vec::with_capacity(max);
         let mut errs = Vec::new();
-        let mut done = false;
         while idx.len() < max {
-            let i = stream_index(self.shard, self.pos);
-            match self.it.next() {
-                None => {
-                    done = true;
-                    break;
+            // Fill the buffer (errors pass straight through).
+            while !self.exhausted && self.buffer.len() < self.capacity.max(1) {
+                let i = stream_index(self.shard, self.pos);
+                self.pos += 1;
+                match self.it.next() {
+                    None => self.exhausted = true,
+                    Some(Ok(o)) => self.buffer.push((i, o)),
+                    Some(Err(e)) => errs.push((i, e)),
                 }
-                Some(Ok(o)) => {
-                    idx.push(i);
-                    vals.push(o);
-                }
-                Some(Err(e)) => errs.push((i, e)),
             }
-            self.pos += 1;
+            if self.buffer.is_empty() {
+                break;
+            }
+            let k = if self.capacity > 1 {
+                self.rng.random_range(0..self.buffer.len())
+            } else {
+                0
+            };
+            let (i, o) = self.buffer.swap_remove(k);
+            idx.push(i);
+            vals.push(o);
         }
+        let done = self.exhausted && self.buffer.is_empty();
         let mut t = Table::with_indices(idx);
         O::put_rows(vals, &mut t);
         (t, errs, done)
     }
 }
 
-type OpenFn = Box<dyn Fn(usize) -> Result<Box<dyn ShardReader>, BoxError> + Send + Sync>;
+/// Opens shard `shard` with a shuffle buffer of `capacity` items (≤ 1: off)
+/// seeded by `seed`.
+type OpenFn =
+    Box<dyn Fn(usize, usize, u64) -> Result<Box<dyn ShardReader>, BoxError> + Send + Sync>;
 
 pub(crate) enum ErasedSource {
     Map {
@@ -141,9 +159,17 @@ impl ErasedSource {
         ErasedSource::Iter {
             shards: source.num_shards(),
             key: Box::new(move |s| s2.shard_key(s)),
-            open: Box::new(move |shard| {
+            open: Box::new(move |shard, capacity, seed| {
                 let it = source.open(shard)?;
-                Ok(Box::new(StreamReader { it, shard, pos: 0 }) as Box<dyn ShardReader>)
+                Ok(Box::new(StreamReader {
+                    it,
+                    shard,
+                    pos: 0,
+                    buffer: Vec::with_capacity(capacity.min(1 << 16)),
+                    capacity,
+                    rng: crate::rng::sample_rng(seed),
+                    exhausted: false,
+                }) as Box<dyn ShardReader>)
             }),
         }
     }
@@ -160,6 +186,8 @@ impl ErasedSource {
 }
 
 pub(crate) struct Config {
+    pub shard: Shard,
+    pub shuffle_buffer: usize,
     pub seed: u64,
     pub policy: ErrorPolicy,
     pub ordered: bool,
@@ -275,8 +303,10 @@ enum Work {
         plan: EpochPlan,
     },
     Iter {
-        /// Shard read at each position of the epoch.
+        /// Shard read at each position of this rank's epoch.
         order: Vec<usize>,
+        /// Parts of the first shard already delivered (resume).
+        skip_parts: u64,
     },
 }
 
@@ -284,7 +314,7 @@ impl Work {
     fn majors(&self) -> u64 {
         match self {
             Work::Map { plan } => plan.num_batches() as u64,
-            Work::Iter { order } => order.len() as u64,
+            Work::Iter { order, .. } => order.len() as u64,
         }
     }
 }
@@ -292,6 +322,9 @@ impl Work {
 struct EpochRun {
     epoch: u64,
     work: Work,
+    /// Where the epoch starts: `(major, minor)` of the first task (non-zero
+    /// when resuming).
+    start: (u64, u64),
     cancel: AtomicBool,
     next_claim: AtomicU64,
     consumer_next: AtomicU64,
@@ -523,7 +556,7 @@ impl Worker {
         if self.seg == 0 {
             match &run.work {
                 Work::Map { plan } => self.run_map_source(job, plan),
-                Work::Iter { order } => self.run_iter_source(job, order),
+                Work::Iter { order, skip_parts } => self.run_iter_source(job, order, *skip_parts),
             }
         } else if let Some(input) = &job.input {
             while let Ok(mut msg) = input.recv() {
@@ -720,7 +753,8 @@ impl Worker {
         }
     }
 
-    fn run_iter_source(&mut self, job: &Job, order: &[usize]) {
+    fn run_iter_source(&mut self, job: &Job, order: &[usize], skip_parts: u64) {
+        let first = job.run.start.0;
         let run = &job.run;
         let shared = Arc::clone(&self.shared);
         let ErasedSource::Iter { key, open, .. } = &shared.source else {
@@ -740,7 +774,13 @@ impl Worker {
             let mut log = TaskLog::default();
             let mut reader = None;
             for attempt in 0..=policy.attempts() {
-                match open(shard) {
+                let seed = crate::rng::derive_seed(&[
+                    shared.cfg.seed,
+                    run.epoch,
+                    shard as u64,
+                    0x5342_5546,
+                ]);
+                match open(shard, shared.cfg.shuffle_buffer, seed) {
                     Ok(r) => {
                         reader = Some(r);
                         break;
@@ -779,6 +819,16 @@ impl Worker {
                 continue;
             };
             let mut part = 0u64;
+            if t == first {
+                // Resuming: re-read the parts already delivered, unsent.
+                while part < skip_parts {
+                    let (_, _, done) = reader.next_part(bs);
+                    part += 1;
+                    if done {
+                        break;
+                    }
+                }
+            }
             loop {
                 if run.cancelled() {
                     return;
@@ -875,6 +925,7 @@ impl Worker {
         };
         let mut out = Vec::with_capacity(table.batches().count());
         let mut b = 0;
+        let map_task = matches!(shared.source, ErasedSource::Map { .. });
         let rows_in = table.len() as u64;
         let t0 = Instant::now();
         loop {
@@ -892,6 +943,13 @@ impl Worker {
                 Ok(Ok(mut batch)) => {
                     self.stats.samples[m] += n;
                     batch.set_indices(rows.indices());
+                    // Map tasks hold plan batches key.major..next_major;
+                    // an iterable part is one batch of its shard.
+                    batch.pos = if map_task {
+                        (key.major + b as u64, 0)
+                    } else {
+                        (key.major, key.minor)
+                    };
                     out.push(batch);
                     b += 1;
                     continue;
@@ -1072,13 +1130,82 @@ impl Pipeline {
         v
     }
 
-    /// The plan of `epoch` (map-style sources), as the sampler makes it.
+    /// The plan of `epoch` for this rank (map-style sources), as the
+    /// sampler makes it.
     pub fn plan(&self, epoch: u64) -> Option<Result<EpochPlan, BoxError>> {
         match &self.shared.source {
-            ErasedSource::Map { len, .. } => {
-                Some(self.shared.sampler.plan(*len, self.shared.cfg.seed, epoch))
-            }
+            ErasedSource::Map { len, .. } => Some(self.shared.sampler.plan(&PlanCtx {
+                len: *len,
+                seed: self.shared.cfg.seed,
+                epoch,
+                shard: self.shared.cfg.shard,
+            })),
             ErasedSource::Iter { .. } => None,
+        }
+    }
+
+    /// This rank's shards of an iterable source in epoch `epoch`: the
+    /// shard order is a permutation drawn from `(seed, epoch)` when
+    /// shuffling, and rank `r` of `W` reads positions `r, r + W, …`.
+    pub fn shard_order(&self, epoch: u64) -> Option<Vec<usize>> {
+        let ErasedSource::Iter { shards, .. } = &self.shared.source else {
+            return None;
+        };
+        let cfg = &self.shared.cfg;
+        let all: Vec<usize> = if cfg.shuffle {
+            permutation(*shards as u64, cfg.seed, epoch)
+                .into_iter()
+                .map(|s| s as usize)
+                .collect()
+        } else {
+            (0..*shards).collect()
+        };
+        Some(
+            all.into_iter()
+                .skip(cfg.shard.rank)
+                .step_by(cfg.shard.world_size)
+                .collect(),
+        )
+    }
+
+    /// This rank's place in a distributed job.
+    pub fn shard(&self) -> Shard {
+        self.shared.cfg.shard
+    }
+
+    /// Continues the epoch `state` was saved in, from the batch after the
+    /// last one it had delivered; later epochs follow with
+    /// [`epoch`](Self::epoch). Refuses a state saved by a different seed,
+    /// dataset or shard, saying what differs.
+    pub fn resume(
+        &self,
+        state: &crate::state::PipelineState,
+    ) -> Result<EpochIter<'_>, crate::state::ResumeError> {
+        state.check_against(&self.state_at(state.epoch, (0, 0)))?;
+        Ok(self.epoch_at(state.epoch, state.position))
+    }
+
+    /// The state at the start of `epoch` (what a run that stops before
+    /// delivering anything saves).
+    pub fn epoch_state_start(&self, epoch: u64) -> crate::state::PipelineState {
+        self.state_at(epoch, (0, 0))
+    }
+
+    /// The state of this pipeline at `(epoch, position)`.
+    pub(crate) fn state_at(&self, epoch: u64, position: (u64, u64)) -> crate::state::PipelineState {
+        let (dataset_len, dataset_shards) = match &self.shared.source {
+            ErasedSource::Map { len, .. } => (Some(*len), None),
+            ErasedSource::Iter { shards, .. } => (None, Some(*shards as u64)),
+        };
+        crate::state::PipelineState {
+            format: crate::state::FORMAT.to_string(),
+            seed: self.shared.cfg.seed,
+            epoch,
+            position,
+            dataset_len,
+            dataset_shards,
+            rank: self.shared.cfg.shard.rank,
+            world_size: self.shared.cfg.shard.world_size,
         }
     }
 
@@ -1091,6 +1218,10 @@ impl Pipeline {
     /// Runs epoch `epoch`: an iterator over its batches. Dropping the
     /// iterator abandons the epoch; the next one starts clean.
     pub fn epoch(&self, epoch: u64) -> EpochIter<'_> {
+        self.epoch_at(epoch, (0, 0))
+    }
+
+    fn epoch_at(&self, epoch: u64, begin: (u64, u64)) -> EpochIter<'_> {
         let start = Instant::now();
         // The previous run must be idle before its workers take new jobs.
         let previous = self
@@ -1123,10 +1254,12 @@ impl Pipeline {
         {
             return EpochIter::failed(self, epoch, pipeline_error(msg));
         }
-        let cfg = &self.shared.cfg;
         let work = match &self.shared.source {
-            ErasedSource::Map { len, .. } => {
-                match self.shared.sampler.plan(*len, cfg.seed, epoch) {
+            ErasedSource::Map { .. } => {
+                match self
+                    .plan(epoch)
+                    .unwrap_or_else(|| Err("not a map-style source".into()))
+                {
                     Ok(plan) => Work::Map { plan },
                     Err(e) => {
                         return EpochIter::failed(
@@ -1137,24 +1270,22 @@ impl Pipeline {
                     }
                 }
             }
-            ErasedSource::Iter { shards, .. } => {
-                let order = if cfg.shuffle {
-                    permutation(*shards as u64, cfg.seed, epoch)
-                        .into_iter()
-                        .map(|s| s as usize)
-                        .collect()
-                } else {
-                    (0..*shards).collect()
-                };
-                Work::Iter { order }
-            }
+            ErasedSource::Iter { .. } => Work::Iter {
+                order: self.shard_order(epoch).unwrap_or_default(),
+                skip_parts: begin.1,
+            },
+        };
+        let begin = match &work {
+            Work::Map { .. } => (begin.0, 0),
+            Work::Iter { .. } => begin,
         };
         let run = Arc::new(EpochRun {
             epoch,
             work,
+            start: begin,
             cancel: AtomicBool::new(false),
-            next_claim: AtomicU64::new(0),
-            consumer_next: AtomicU64::new(0),
+            next_claim: AtomicU64::new(begin.0),
+            consumer_next: AtomicU64::new(begin.0),
             est_task_bytes: AtomicUsize::new(0),
             finished: Mutex::new(0),
             finished_cv: Condvar::new(),
@@ -1202,10 +1333,17 @@ impl Pipeline {
             ready: VecDeque::new(),
             pending_err: None,
             reorder: BTreeMap::new(),
-            next_key: Key { major: 0, minor: 0 },
-            parts: HashMap::new(),
+            next_key: Key {
+                major: begin.0,
+                minor: begin.1,
+            },
+            parts: if begin.1 > 0 {
+                HashMap::from([(begin.0, (begin.1, None, begin.0))])
+            } else {
+                HashMap::new()
+            },
             complete: BTreeMap::new(),
-            low: 0,
+            low: begin.0,
             majors,
             finished: false,
             summary: EpochSummary {
@@ -1214,6 +1352,8 @@ impl Pipeline {
             },
             start,
             batches_hint,
+            epoch,
+            position: begin,
         }
     }
 
@@ -1343,7 +1483,7 @@ impl Pipeline {
                 let mut seen = 0u64;
                 let mut found = None;
                 'shards: for shard in 0..*shards {
-                    let mut reader = open(shard)
+                    let mut reader = open(shard, 0, 0)
                         .map_err(|e| SampleError::from_box(None, Some(key(shard)), "source", &e))?;
                     loop {
                         let (t, errs, done) = reader.next_part(1);
@@ -1563,6 +1703,10 @@ pub struct EpochIter<'p> {
     summary: EpochSummary,
     start: Instant,
     batches_hint: Option<usize>,
+    epoch: u64,
+    /// Where the next batch starts: `(plan batch, 0)` or `(shard position,
+    /// part)`.
+    position: (u64, u64),
 }
 
 enum Recv {
@@ -1592,7 +1736,19 @@ impl<'p> EpochIter<'p> {
             },
             start: Instant::now(),
             batches_hint: None,
+            epoch,
+            position: (0, 0),
         }
+    }
+
+    /// Where this epoch stands: saved, it lets [`Pipeline::resume`] continue
+    /// exactly after the last batch this iterator yielded (the next epoch's
+    /// start once this one is complete).
+    pub fn state(&self) -> crate::state::PipelineState {
+        if self.finished && self.summary.completed {
+            return self.pipeline.state_at(self.epoch + 1, (0, 0));
+        }
+        self.pipeline.state_at(self.epoch, self.position)
     }
 
     /// Number of batches the plan holds (map-style sources), before skips.
@@ -1729,6 +1885,11 @@ impl Iterator for EpochIter<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some(b) = self.ready.pop_front() {
+                self.position = if matches!(self.pipeline.shared.source, ErasedSource::Map { .. }) {
+                    (b.pos.0 + 1, 0)
+                } else {
+                    (b.pos.0, b.pos.1 + 1)
+                };
                 self.summary.batches += 1;
                 self.summary.samples += b.len() as u64;
                 return Some(Ok(b));

@@ -94,6 +94,18 @@ pub struct CommonArgs {
     /// Stop after N batches (over all epochs).
     #[arg(long)]
     pub limit_batches: Option<u64>,
+    /// This process's rank (default: $RANK, else $SLURM_PROCID, else 0).
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// Number of ranks (default: $WORLD_SIZE, else $SLURM_NTASKS, else 1).
+    #[arg(long)]
+    pub world_size: Option<usize>,
+    /// At exit, write the resumable position (JSON).
+    #[arg(long, value_name = "FILE")]
+    pub save_state: Option<PathBuf>,
+    /// Continue exactly where a saved state stopped.
+    #[arg(long, value_name = "FILE")]
+    pub resume: Option<PathBuf>,
     /// Write each batch as .npy files plus DIR/index.json.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
@@ -103,6 +115,19 @@ pub struct CommonArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+}
+
+impl CommonArgs {
+    /// The shard from the flags, falling back to the environment.
+    pub fn shard(&self) -> Result<ferrofeed_core::Shard, run::CliError> {
+        let env =
+            ferrofeed_core::Shard::from_env().map_err(|e| run::CliError::Usage(e.to_string()))?;
+        ferrofeed_core::Shard::new(
+            self.rank.unwrap_or(env.rank),
+            self.world_size.unwrap_or(env.world_size),
+        )
+        .map_err(|e| run::CliError::Usage(format!("--rank/--world-size: {e}")))
+    }
 }
 
 fn parse_workers(s: &str) -> Result<Parallelism, String> {

@@ -95,14 +95,32 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         None
     };
 
+    let resume = match &c.resume {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(CliError::io(path))?;
+            let state = ferrofeed_core::PipelineState::from_json(&text)
+                .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+            Some(state)
+        }
+        None => None,
+    };
+    let first_epoch = resume.as_ref().map_or(0, |s| s.epoch);
     p.reset_metrics();
     let start = Instant::now();
     let mut batches = 0u64;
     let mut samples = 0u64;
     let mut skipped: Vec<SampleError> = Vec::new();
     let mut stall = 0.0;
-    'epochs: for e in 0..c.epochs {
-        let mut it = p.epoch(e);
+    let mut last_state = resume
+        .clone()
+        .unwrap_or_else(|| p.epoch_state_start(first_epoch));
+    'epochs: for e in first_epoch..c.epochs {
+        let mut it = match (&resume, e == first_epoch) {
+            (Some(state), true) => p
+                .resume(state)
+                .map_err(|err| CliError::Usage(format!("--resume: {err}")))?,
+            _ => p.epoch(e),
+        };
         let mut stop = false;
         for item in it.by_ref() {
             let batch = match item {
@@ -136,12 +154,16 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         }
         skipped.extend(it.summary().skipped.iter().cloned());
         stall += it.summary().wait_seconds;
+        last_state = it.state();
         drop(it);
         if stop {
             break 'epochs;
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    if let Some(path) = &c.save_state {
+        std::fs::write(path, last_state.to_json()).map_err(CliError::io(path))?;
+    }
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }

@@ -224,6 +224,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         .shuffle(c.shuffle)
         .seed(c.seed)
         .drop_last(c.drop_last)
+        .shard(c.shard()?)
         .on_error(c.on_error)
         .collate(ferrofeed_vision::collate());
     if let Some(m) = c.max_bytes_in_flight {
