@@ -114,6 +114,24 @@ pub trait HostBuffer: Send + Sync {
     }
 }
 
+/// Where collate gets the memory of large tensors: a recycling pool of
+/// ordinary memory ([`BufferPool`]) or of page-locked memory (the stage
+/// library's pinned pool).
+pub trait BufferSource: Send + Sync {
+    /// A buffer of at least `bytes` bytes, 8-byte aligned, contents
+    /// unspecified. It goes back to its source when dropped.
+    fn take(&self, bytes: usize) -> Box<dyn HostBuffer>;
+}
+
+impl BufferSource for BufferPool {
+    fn take(&self, bytes: usize) -> Box<dyn HostBuffer> {
+        Box::new(Pooled {
+            buf: self.take_lines(bytes.div_ceil(64)),
+            pool: Arc::clone(&self.inner),
+        })
+    }
+}
+
 /// A pool of reusable 64-byte-aligned host buffers. A buffer taken from it
 /// goes back when the tensor holding it is dropped, so steady-state batches
 /// cost no allocation and no page faults. At most `max_free` idle buffers
@@ -153,7 +171,7 @@ impl BufferPool {
     pub fn idle(&self) -> usize {
         self.inner.free.lock().map(|f| f.len()).unwrap_or_default()
     }
-    fn take(&self, lines: usize) -> Vec<Line> {
+    fn take_lines(&self, lines: usize) -> Vec<Line> {
         let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
         // The smallest idle buffer that is large enough.
         let best = free
@@ -290,15 +308,30 @@ impl Tensor {
         if len_bytes <= 64 {
             return Tensor::zeros(dtype, shape);
         }
-        let buf = pool.take(len_bytes.div_ceil(64));
+        Tensor::uninit_from(pool, dtype, shape)
+    }
+
+    /// A tensor over a buffer from any [`BufferSource`] (contents
+    /// unspecified; tensors of at most 64 bytes stay inline and zeroed).
+    ///
+    /// # Panics
+    /// With more than [`MAX_DIMS`] dimensions, or if the source returns a
+    /// buffer smaller than asked.
+    pub fn uninit_from(source: &dyn BufferSource, dtype: DType, shape: &[usize]) -> Tensor {
+        let len_bytes = shape.iter().product::<usize>() * dtype.size();
+        if len_bytes <= 64 {
+            return Tensor::zeros(dtype, shape);
+        }
+        let buf = source.take(len_bytes);
+        assert!(
+            buf.as_bytes().len() >= len_bytes,
+            "buffer source returned a short buffer"
+        );
         Tensor {
             dtype,
             shape: Shape::new(shape),
             len_bytes,
-            storage: Storage::External(Box::new(Pooled {
-                buf,
-                pool: Arc::clone(&pool.inner),
-            })),
+            storage: Storage::External(buf),
         }
     }
 
@@ -473,6 +506,8 @@ pub struct Batch {
     /// Position in the epoch: (plan batch, 0) for map-style sources, (shard
     /// position, part) for iterable ones.
     pub(crate) pos: (u64, u64),
+    /// Values attached by batch stages (e.g. device copies of the columns).
+    extras: Vec<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl fmt::Debug for Batch {
@@ -492,6 +527,7 @@ impl Batch {
             indices: indices.into(),
             lease: None,
             pos: (0, 0),
+            extras: Vec::new(),
         }
     }
     /// Adds (or replaces) a column.
@@ -525,6 +561,20 @@ impl Batch {
     /// All columns in insertion order.
     pub fn columns(&self) -> impl Iterator<Item = (&str, &Tensor)> {
         self.columns.iter().map(|(n, t)| (&**n, t))
+    }
+    /// Attaches a value of type `T` (replacing one of the same type).
+    pub fn attach<T: std::any::Any + Send + Sync>(&mut self, value: T) {
+        self.extras.retain(|e| !e.is::<T>());
+        self.extras.push(Box::new(value));
+    }
+    /// The attached value of type `T`.
+    pub fn attached<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.extras.iter().find_map(|e| e.downcast_ref::<T>())
+    }
+    /// The batch's position in its epoch's plan: the plan batch for
+    /// map-style sources, `(shard position, part)` for iterable ones.
+    pub fn position(&self) -> (u64, u64) {
+        self.pos
     }
     /// Dataset index of each row.
     pub fn indices(&self) -> &[u64] {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::ByteBudget;
-use crate::collate::Collate;
+use crate::collate::{BatchStage, Collate};
 use crate::component::{ComponentId, ComponentSet};
 use crate::error::{BoxError, BuildError, ErrorPolicy};
 use crate::pipeline::{ErasedSource, Pipeline, Shared, StageNode};
@@ -89,6 +89,7 @@ pub struct PipelineBuilder {
     fuse: bool,
     shard: Shard,
     shuffle_buffer: usize,
+    batch_stages: Vec<(String, Box<dyn BatchStage>)>,
 }
 
 /// Default byte budget: 256 MiB.
@@ -126,6 +127,7 @@ impl PipelineBuilder {
             fuse: true,
             shard: Shard::single(),
             shuffle_buffer: 0,
+            batch_stages: Vec::new(),
         }
     }
 
@@ -239,6 +241,14 @@ impl PipelineBuilder {
         self
     }
 
+    /// Adds a stage that runs on each whole batch after collate, in the
+    /// worker that built it (pinning, device copies…). A failure drops the
+    /// batch's samples under the pipeline's policy, named by this stage.
+    pub fn batch_stage<B: BatchStage>(mut self, name: &str, stage: B) -> Self {
+        self.batch_stages.push((name.to_string(), Box::new(stage)));
+        self
+    }
+
     /// This process's rank in a distributed job (default: rank 0 of 1; see
     /// [`Shard::from_env`]). Every rank sees the same global order and reads
     /// its own slice.
@@ -334,6 +344,7 @@ impl PipelineBuilder {
             collate,
             sampler,
             crate::pipeline::Config {
+                batch_stages: self.batch_stages,
                 shard: self.shard,
                 shuffle_buffer: self.shuffle_buffer,
                 seed: self.seed,

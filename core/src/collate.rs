@@ -24,7 +24,7 @@
 //! ```
 use std::sync::Arc;
 
-use crate::batch::{Batch, BufferPool, Element, Tensor};
+use crate::batch::{Batch, BufferPool, BufferSource, Element, Tensor};
 use crate::component::{Component, ComponentId};
 use crate::table::BatchRows;
 
@@ -48,6 +48,23 @@ pub trait Collate: Send + Sync + 'static {
     fn collate(&self, rows: &BatchRows<'_>) -> Result<Batch, CollateError>;
 }
 
+/// Work on whole batches after collate, in the same worker (so it overlaps
+/// with the consumer's use of earlier batches): pinning, host-to-device
+/// copies, batch-level augmentation.
+pub trait BatchStage: Send + Sync + 'static {
+    /// Processes one batch in place.
+    fn process(&self, batch: &mut Batch) -> Result<(), crate::error::BoxError>;
+}
+
+impl<F> BatchStage for F
+where
+    F: Fn(&mut Batch) -> Result<(), crate::error::BoxError> + Send + Sync + 'static,
+{
+    fn process(&self, batch: &mut Batch) -> Result<(), crate::error::BoxError> {
+        self(batch)
+    }
+}
+
 /// A component that can be stacked into a tensor column.
 pub trait Collatable: Component {
     /// The tensor element type.
@@ -66,7 +83,7 @@ pub trait Collatable: Component {
 trait Column: Send + Sync {
     fn id(&self) -> ComponentId;
     fn name(&self) -> &Arc<str>;
-    fn build(&self, rows: &BatchRows<'_>, pool: &BufferPool) -> Result<Tensor, CollateError>;
+    fn build(&self, rows: &BatchRows<'_>, pool: &dyn BufferSource) -> Result<Tensor, CollateError>;
 }
 
 struct StackColumn<T> {
@@ -81,7 +98,7 @@ impl<T: Collatable> Column for StackColumn<T> {
     fn name(&self) -> &Arc<str> {
         &self.name
     }
-    fn build(&self, rows: &BatchRows<'_>, pool: &BufferPool) -> Result<Tensor, CollateError> {
+    fn build(&self, rows: &BatchRows<'_>, pool: &dyn BufferSource) -> Result<Tensor, CollateError> {
         let values = rows.column::<T>().ok_or_else(|| CollateError {
             sample: None,
             message: format!("component {} is missing", ComponentId::of::<T>()),
@@ -96,7 +113,7 @@ impl<T: Collatable> Column for StackColumn<T> {
         shape.push(values.len());
         shape.extend_from_slice(&row_shape);
         // Every element is written below, so a recycled buffer needs no clearing.
-        let mut tensor = Tensor::uninit_in(pool, <T::Elem as Element>::DTYPE, &shape);
+        let mut tensor = Tensor::uninit_from(pool, <T::Elem as Element>::DTYPE, &shape);
         let data = tensor.as_slice_mut::<T::Elem>().map_err(|e| CollateError {
             sample: None,
             message: e.to_string(),
@@ -127,14 +144,14 @@ impl<T: Collatable> Column for StackColumn<T> {
 /// pool once the batches holding them are dropped.
 pub struct StackCollate {
     columns: Vec<Box<dyn Column>>,
-    pool: BufferPool,
+    pool: Arc<dyn BufferSource>,
 }
 
 impl Default for StackCollate {
     fn default() -> Self {
         StackCollate {
             columns: Vec::new(),
-            pool: BufferPool::new(8),
+            pool: Arc::new(BufferPool::new(8)),
         }
     }
 }
@@ -144,6 +161,13 @@ impl StackCollate {
     pub fn new() -> Self {
         Self::default()
     }
+    /// Takes the memory of large columns from `source` (e.g. a pool of
+    /// page-locked buffers) instead of the default recycling pool.
+    pub fn buffers(mut self, source: Arc<dyn BufferSource>) -> Self {
+        self.pool = source;
+        self
+    }
+
     /// Adds column `name` stacking component `T`.
     pub fn column<T: Collatable>(mut self, name: &str) -> Self {
         self.columns.push(Box::new(StackColumn::<T> {
@@ -161,7 +185,7 @@ impl Collate for StackCollate {
     fn collate(&self, rows: &BatchRows<'_>) -> Result<Batch, CollateError> {
         let mut batch = Batch::new(Vec::new());
         for c in &self.columns {
-            batch.insert(Arc::clone(c.name()), c.build(rows, &self.pool)?);
+            batch.insert(Arc::clone(c.name()), c.build(rows, self.pool.as_ref())?);
         }
         Ok(batch)
     }

@@ -48,10 +48,10 @@ pub mod stage;
 pub mod state;
 pub mod table;
 
-pub use batch::{Batch, DType, Element, HostBuffer, Tensor};
+pub use batch::{Batch, BufferPool, BufferSource, DType, Element, HostBuffer, Tensor};
 pub use budget::ByteBudget;
 pub use builder::{PipelineBuilder, StageOptions};
-pub use collate::{Collatable, Collate, CollateError, StackCollate};
+pub use collate::{BatchStage, Collatable, Collate, CollateError, StackCollate};
 pub use component::{Component, ComponentId, ComponentSet};
 pub use error::{BoxError, BuildError, ErrorKind, ErrorPolicy, SampleError};
 pub use metrics::{EpochSummary, StageReport};

@@ -186,6 +186,7 @@ impl ErasedSource {
 }
 
 pub(crate) struct Config {
+    pub batch_stages: Vec<(String, Box<dyn crate::collate::BatchStage>)>,
     pub shard: Shard,
     pub shuffle_buffer: usize,
     pub seed: u64,
@@ -939,9 +940,10 @@ impl Worker {
             let rows = BatchRows::new(&table, range.clone());
             let r = catch_unwind(AssertUnwindSafe(|| shared.collate.collate(&rows)));
             let n = range.len() as u64;
-            let (pos, kind) = match r {
+            // Then the batch stages, on the finished batch: a failure there is
+            // the failure of every sample in it.
+            let (pos, kind, stage) = match r {
                 Ok(Ok(mut batch)) => {
-                    self.stats.samples[m] += n;
                     batch.set_indices(rows.indices());
                     // Map tasks hold plan batches key.major..next_major;
                     // an iterable part is one batch of its shard.
@@ -950,14 +952,25 @@ impl Worker {
                     } else {
                         (key.major, key.minor)
                     };
-                    out.push(batch);
-                    b += 1;
-                    continue;
+                    match run_batch_stages(&shared, &mut batch) {
+                        None => {
+                            self.stats.samples[m] += n;
+                            out.push(batch);
+                            b += 1;
+                            continue;
+                        }
+                        Some((name, kind)) => (None, kind, name),
+                    }
                 }
-                Ok(Err(e)) => (e.sample, ErrorKind::Failed(e.message)),
+                Ok(Err(e)) => (
+                    e.sample,
+                    ErrorKind::Failed(e.message),
+                    "collate".to_string(),
+                ),
                 Err(p) => (
                     None,
                     ErrorKind::Panicked(crate::stage::panic_message(p.as_ref())),
+                    "collate".to_string(),
                 ),
             };
             self.stats.errors[m] += 1;
@@ -972,7 +985,7 @@ impl Worker {
                     SampleError {
                         index: Some(index),
                         path: shared.source.key_of(index),
-                        stage: "collate".into(),
+                        stage: stage.clone(),
                         kind: kind.clone(),
                         attempts: 1,
                     }
@@ -1011,6 +1024,20 @@ impl Worker {
             log,
         }
     }
+}
+
+/// Runs the batch stages on a collated batch; the failing stage's name and
+/// error, if one fails.
+fn run_batch_stages(shared: &Shared, batch: &mut Batch) -> Option<(String, ErrorKind)> {
+    for (name, st) in &shared.cfg.batch_stages {
+        let kind = match catch_unwind(AssertUnwindSafe(|| st.process(batch))) {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => ErrorKind::Failed(crate::error::error_chain(e.as_ref())),
+            Err(p) => ErrorKind::Panicked(crate::stage::panic_message(p.as_ref())),
+        };
+        return Some((name.clone(), kind));
+    }
+    None
 }
 
 fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiver<Job>) {

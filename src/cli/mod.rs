@@ -172,6 +172,19 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// Runs the command line; returns the exit status.
 pub fn main() -> i32 {
+    // Warnings (a fallback, a stuck worker) go to stderr, one line each;
+    // --quiet keeps stderr to errors.
+    let quiet = std::env::args().any(|a| a == "--quiet");
+    let level = if quiet { "error" } else { "warn" };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .try_init();
     let cli = Cli::parse();
     let result = match cli.cmd {
         None => vision::run(vision::VisionArgs::default_run()),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
+use ferrofeed_stages::device::{PinMode, PinnedPool};
 use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
 use ferrofeed_vision::cache::ImageCache;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
@@ -43,6 +44,27 @@ pub struct VisionOpts {
     /// later epochs skip decoding.
     #[arg(long, value_parser = super::parse_size, value_name = "SIZE")]
     pub cache_bytes: Option<usize>,
+    /// Batch buffers in page-locked memory: `auto` when a CUDA device is
+    /// there (else host memory, said once), `strict` (or an error), `off`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub pin: PinArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PinArg {
+    Off,
+    Auto,
+    Strict,
+}
+
+impl PinArg {
+    fn mode(self) -> PinMode {
+        match self {
+            PinArg::Off => PinMode::Off,
+            PinArg::Auto => PinMode::Auto,
+            PinArg::Strict => PinMode::Strict,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -219,6 +241,10 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     };
     let c = &a.common;
     let cpus = ferrofeed_core::builder::available_cpus();
+    // Enough buffers for the batches in flight and a couple held by the consumer.
+    let buffers = 2 * c.workers.resolve(cpus) + 4;
+    let pool = PinnedPool::new(a.vision.pin.mode(), buffers)
+        .map_err(|e| CliError::Usage(format!("--pin strict: {e}")))?;
     let mut b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
         .shuffle(c.shuffle)
@@ -226,7 +252,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         .drop_last(c.drop_last)
         .shard(c.shard()?)
         .on_error(c.on_error)
-        .collate(ferrofeed_vision::collate());
+        .collate(ferrofeed_vision::collate().buffers(Arc::new(pool)));
     if let Some(m) = c.max_bytes_in_flight {
         b = b.max_bytes_in_flight(m);
     }

@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod components;
+pub mod device;
 pub mod readers;
 
 pub use components::{Bytes, FilePath, Label};
