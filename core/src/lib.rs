@@ -69,7 +69,7 @@ pub use table::{BatchRows, Table};
 pub mod prelude {
     pub use crate::{
         Batch, BoxError, BuildError, Collatable, Collate, Component, ComponentSet, DType,
-        ErrorPolicy, FnSource, IterableSource, Order, Parallelism, Pipeline, SampleError, Source,
-        StackCollate, Stage, StageCtx, StageOptions, Table, Tensor,
+        ErrorPolicy, FnSource, IterableSource, Order, Parallelism, Pipeline, SampleError, Shard,
+        Source, StackCollate, Stage, StageCtx, StageOptions, Table, Tensor,
     };
 }
