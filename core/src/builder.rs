@@ -364,10 +364,9 @@ impl PipelineBuilder {
     }
 }
 
-/// CPUs this process may use: affinity mask and cgroup quota, as
-/// `std::thread::available_parallelism` reports them.
+/// Workers a CPU stage gets with `Parallelism::Auto`: the whole CPUs this
+/// rank may use (affinity, cgroup quota, shared among local ranks; see
+/// [`Resources`](crate::resources::Resources)), at least one.
 pub fn available_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    crate::resources::Resources::detect().workers()
 }

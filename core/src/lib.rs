@@ -41,6 +41,7 @@ pub mod component;
 pub mod error;
 pub mod metrics;
 pub mod pipeline;
+pub mod resources;
 pub mod rng;
 pub mod sampler;
 pub mod source;

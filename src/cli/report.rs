@@ -27,6 +27,9 @@ pub struct Report {
     pub skipped: Vec<SkippedEntry>,
     pub workers: BTreeMap<String, usize>,
     pub cpus_available: f64,
+    pub cpu_source: String,
+    pub memory_bytes: u64,
+    pub memory_source: String,
     pub peak_bytes_in_flight: u64,
     pub max_bytes_in_flight: u64,
     pub data_stall_seconds: f64,
@@ -61,8 +64,15 @@ pub fn bottleneck(stages: &[StageReport]) -> Option<String> {
 
 pub fn print_table(r: &Report) {
     println!(
-        "ferrofeed {}: {} samples in {} batches, {:.2} s — {:.1} samples/s ({} CPUs)",
-        r.domain, r.samples, r.batches, r.seconds, r.samples_per_s, r.cpus_available
+        "ferrofeed {}: {} samples in {} batches, {:.2} s — {:.1} samples/s",
+        r.domain, r.samples, r.batches, r.seconds, r.samples_per_s
+    );
+    println!(
+        "resources: {} CPUs ({}), memory {} ({})",
+        r.cpus_available,
+        r.cpu_source,
+        mib(r.memory_bytes),
+        r.memory_source
     );
     println!(
         "{:<12} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7}",

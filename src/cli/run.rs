@@ -57,7 +57,7 @@ pub struct RunSpec<'a> {
     pub common: &'a CommonArgs,
     /// The dataset's samples in index order, for `--dump`.
     pub index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
-    pub cpus: f64,
+    pub resources: &'a ferrofeed_core::resources::Resources,
 }
 
 /// Runs the epochs and reports.
@@ -188,7 +188,10 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
             .into_iter()
             .filter(|(n, _)| n != "source")
             .collect(),
-        cpus_available: spec.cpus,
+        cpus_available: spec.resources.cpus,
+        cpu_source: spec.resources.cpu_source.clone(),
+        memory_bytes: spec.resources.memory_bytes,
+        memory_source: spec.resources.memory_source.clone(),
         peak_bytes_in_flight: p.budget().peak() as u64,
         max_bytes_in_flight: p.budget().max() as u64,
         data_stall_seconds: stall,

@@ -240,22 +240,25 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         cache: a.vision.cache_bytes.map(ImageCache::new),
     };
     let c = &a.common;
-    let cpus = ferrofeed_core::builder::available_cpus();
+    let resources = ferrofeed_core::resources::Resources::detect();
+    for w in &resources.warnings {
+        tracing::warn!("{w}: falling back");
+    }
+    let cpus = resources.workers();
     // Enough buffers for the batches in flight and a couple held by the consumer.
     let buffers = 2 * c.workers.resolve(cpus) + 4;
     let pool = PinnedPool::new(a.vision.pin.mode(), buffers)
         .map_err(|e| CliError::Usage(format!("--pin strict: {e}")))?;
-    let mut b = builder_for(&ds, stage, c.workers)
+    let b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
         .shuffle(c.shuffle)
         .seed(c.seed)
         .drop_last(c.drop_last)
         .shard(c.shard()?)
         .on_error(c.on_error)
+        .cpus(cpus)
+        .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()))
         .collate(ferrofeed_vision::collate().buffers(Arc::new(pool)));
-    if let Some(m) = c.max_bytes_in_flight {
-        b = b.max_bytes_in_flight(m);
-    }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || index_entries(&ds);
     run_epochs(RunSpec {
@@ -263,7 +266,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         pipeline: &pipeline,
         common: c,
         index: &index,
-        cpus: cpus as f64,
+        resources: &resources,
     })
 }
 
