@@ -587,3 +587,44 @@ fn ranks_split_the_epoch_and_read_the_environment() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("rank 3 is not below the world size 3"));
 }
+
+#[test]
+fn trace_files_load_as_chrome_traces() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 10, 1);
+    let trace = d.path().join("trace.json");
+    ok(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "4",
+        "--size",
+        "32",
+        "--quiet",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let count = |name: &str, ph: &str| {
+        events
+            .iter()
+            .filter(|e| e["name"] == name && e["ph"] == ph)
+            .count()
+    };
+    assert_eq!(count("decode", "X"), 10, "one slice per sample");
+    assert_eq!(count("read", "X"), 10);
+    assert_eq!(count("collate", "X"), 3, "one slice per batch");
+    assert_eq!(count("batch", "s"), 3);
+    assert_eq!(count("batch", "f"), 3, "each batch flows to the consumer");
+    assert!(count("thread_name", "M") >= 3);
+    let bad = run(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--trace",
+        "/nonexistent-dir/t.json",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent-dir/t.json"));
+}

@@ -90,6 +90,7 @@ pub struct PipelineBuilder {
     shard: Shard,
     shuffle_buffer: usize,
     batch_stages: Vec<(String, Box<dyn BatchStage>)>,
+    trace_max: Option<usize>,
 }
 
 /// Default byte budget: 256 MiB.
@@ -128,6 +129,7 @@ impl PipelineBuilder {
             shard: Shard::single(),
             shuffle_buffer: 0,
             batch_stages: Vec::new(),
+            trace_max: None,
         }
     }
 
@@ -249,6 +251,13 @@ impl PipelineBuilder {
         self
     }
 
+    /// Records a Chrome/Perfetto trace of every stage's work, keeping at
+    /// most `max_events` events (see [`Pipeline::trace_json`]).
+    pub fn trace(mut self, max_events: usize) -> Self {
+        self.trace_max = Some(max_events);
+        self
+    }
+
     /// This process's rank in a distributed job (default: rank 0 of 1; see
     /// [`Shard::from_env`]). Every rank sees the same global order and reads
     /// its own slice.
@@ -354,6 +363,7 @@ impl PipelineBuilder {
                 cpus,
                 min_task_samples: self.min_task_samples.max(1),
                 fuse: self.fuse,
+                trace_max: self.trace_max,
                 batch_size: self.batch_size,
                 drop_last: self.drop_last,
                 shuffle: self.shuffle,

@@ -48,6 +48,7 @@ pub mod source;
 pub mod stage;
 pub mod state;
 pub mod table;
+pub mod trace;
 
 pub use batch::{Batch, BufferPool, BufferSource, DType, Element, HostBuffer, Tensor};
 pub use budget::ByteBudget;

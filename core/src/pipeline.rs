@@ -196,6 +196,7 @@ pub(crate) struct Config {
     pub cpus: usize,
     pub min_task_samples: usize,
     pub fuse: bool,
+    pub trace_max: Option<usize>,
     pub batch_size: usize,
     pub drop_last: bool,
     pub shuffle: bool,
@@ -226,6 +227,7 @@ pub(crate) struct Shared {
     slow: Vec<AtomicBool>,
     slots: Vec<WorkerSlot>,
     has_timeouts: bool,
+    pub(crate) trace: Option<Arc<crate::trace::TraceSink>>,
     t0: Instant,
     window: u64,
     metrics_since: Mutex<Instant>,
@@ -261,7 +263,14 @@ impl Shared {
         let max_workers = segments.iter().map(|s| s.workers).max().unwrap_or(1);
         let window = cfg.prefetch.unwrap_or((2 * max_workers).max(4)) as u64;
         let n = stages.len() + 2;
+        let trace = cfg.trace_max.map(|max| {
+            let mut names = vec!["source".to_string()];
+            names.extend(stages.iter().map(|s| s.name.clone()));
+            names.push("collate".to_string());
+            Arc::new(crate::trace::TraceSink::new(max, names))
+        });
         Shared {
+            trace,
             has_timeouts: stages.iter().any(|s| s.opts.timeout.is_some()),
             source,
             metrics: (0..n).map(|_| StageMetrics::default()).collect(),
@@ -474,11 +483,15 @@ struct RowExec<'a> {
     watch: bool,
     time_all: bool,
     started: Option<Instant>,
+    /// Trace buffer when tracing (every row then gets a slice).
+    trace: Option<&'a mut Vec<crate::trace::TraceEvent>>,
+    index: u64,
 }
 
 impl Exec for RowExec<'_> {
     fn begin(&mut self, _row: usize, index: u64) {
-        let timed = self.time_all;
+        self.index = index;
+        let timed = self.time_all || self.trace.is_some();
         let now = (timed || self.watch).then(Instant::now);
         if self.watch {
             let slot = &self.shared.slots[self.slot];
@@ -499,6 +512,19 @@ impl Exec for RowExec<'_> {
         }
         if let Some(t0) = self.started.take() {
             let dt = t0.elapsed().as_nanos() as u64;
+            if let (Some(buf), Some(sink)) = (self.trace.as_deref_mut(), &self.shared.trace) {
+                buf.push(crate::trace::TraceEvent {
+                    name: self.m as u32,
+                    tid: self.slot as u32 + 1,
+                    ts_ns: sink.ns(t0),
+                    dur_ns: dt,
+                    index: self.index,
+                    kind: crate::trace::Kind::Sample,
+                });
+            }
+            if !self.time_all {
+                return;
+            }
             self.stats.timed_ns[self.m] += dt;
             self.stats.timed_n[self.m] += 1;
             self.shared.metrics[self.m].latency.record(dt);
@@ -539,6 +565,7 @@ struct Worker {
     seg: usize,
     slot: usize,
     stats: LocalStats,
+    trace_buf: Vec<crate::trace::TraceEvent>,
     /// Batches this worker claims per task (map-style sources).
     chunk: usize,
     /// Measured cost of one batch through this segment, ns (EMA; 0 unknown).
@@ -609,12 +636,13 @@ impl Worker {
         }
         let shared = Arc::clone(&self.shared);
         let time_all = shared.slow[m].load(Ordering::Relaxed);
+        let tracing = shared.trace.is_some();
         let env = RunEnv {
             epoch: run.epoch,
             seed: shared.cfg.seed,
             cancel: &run.cancel,
             retries: policy.attempts(),
-            every_row: time_all || watch,
+            every_row: time_all || watch || tracing,
         };
         let mut exec = RowExec {
             shared: &shared,
@@ -627,6 +655,8 @@ impl Worker {
             watch,
             time_all,
             started: None,
+            trace: tracing.then_some(&mut self.trace_buf),
+            index: 0,
         };
         let rows_in = table.len() as u64;
         let t0 = Instant::now();
@@ -895,17 +925,23 @@ impl Worker {
         match &job.out {
             Out::Next(tx) => {
                 self.stats.flush(&self.shared);
+                if let Some(sink) = &self.shared.trace {
+                    sink.flush(&mut self.trace_buf);
+                }
                 tx.send(msg).is_ok()
             }
             Out::Final(tx) => {
-                let out = self.collate(msg);
+                let out = self.collate(msg, job.run.epoch);
                 self.stats.flush(&self.shared);
+                if let Some(sink) = &self.shared.trace {
+                    sink.flush(&mut self.trace_buf);
+                }
                 tx.send(out).is_ok()
             }
         }
     }
 
-    fn collate(&mut self, msg: TaskMsg) -> TaskOut {
+    fn collate(&mut self, msg: TaskMsg, epoch: u64) -> TaskOut {
         let shared = Arc::clone(&self.shared);
         let TaskMsg {
             key,
@@ -938,6 +974,7 @@ impl Worker {
                 continue;
             }
             let rows = BatchRows::new(&table, range.clone());
+            let tb = Instant::now();
             let r = catch_unwind(AssertUnwindSafe(|| shared.collate.collate(&rows)));
             let n = range.len() as u64;
             // Then the batch stages, on the finished batch: a failure there is
@@ -954,6 +991,16 @@ impl Worker {
                     };
                     match run_batch_stages(&shared, &mut batch) {
                         None => {
+                            if let Some(sink) = &shared.trace {
+                                self.trace_buf.push(crate::trace::TraceEvent {
+                                    name: m as u32,
+                                    tid: self.slot as u32 + 1,
+                                    ts_ns: sink.ns(tb),
+                                    dur_ns: tb.elapsed().as_nanos() as u64,
+                                    index: crate::trace::flow_id(epoch, batch.pos),
+                                    kind: crate::trace::Kind::Batch,
+                                });
+                            }
                             self.stats.samples[m] += n;
                             out.push(batch);
                             b += 1;
@@ -1047,12 +1094,23 @@ fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiv
         seg,
         slot,
         stats: LocalStats::new(n),
+        trace_buf: Vec::new(),
         chunk: 1,
         ns_per_batch: 0.0,
     };
+    if let Some(sink) = &worker.shared.trace {
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("worker")
+            .to_string();
+        sink.name_thread(slot as u32 + 1, name);
+    }
     while let Ok(job) = ctrl.recv() {
         let run = Arc::clone(&job.run);
         let result = catch_unwind(AssertUnwindSafe(|| worker.run_job(&job)));
+        if let Some(sink) = &worker.shared.trace {
+            sink.flush(&mut worker.trace_buf);
+        }
         worker.stats.flush(&worker.shared);
         drop(job);
         if result.is_err() {
@@ -1389,6 +1447,12 @@ impl Pipeline {
         if p.is_none() {
             *p = Some(msg);
         }
+    }
+
+    /// The trace recorded so far (Chrome trace-event JSON), when the
+    /// pipeline was built with [`trace`](crate::PipelineBuilder::trace).
+    pub fn trace_json(&self) -> Option<String> {
+        self.shared.trace.as_ref().map(|t| t.to_json())
     }
 
     /// The summary of the last epoch that finished or was abandoned.
@@ -1912,6 +1976,17 @@ impl Iterator for EpochIter<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some(b) = self.ready.pop_front() {
+                if let Some(sink) = &self.pipeline.shared.trace {
+                    let mut ev = vec![crate::trace::TraceEvent {
+                        name: 0,
+                        tid: 0,
+                        ts_ns: sink.ns(Instant::now()),
+                        dur_ns: 0,
+                        index: crate::trace::flow_id(self.epoch, b.pos),
+                        kind: crate::trace::Kind::Received,
+                    }];
+                    sink.flush(&mut ev);
+                }
                 self.position = if matches!(self.pipeline.shared.source, ErasedSource::Map { .. }) {
                     (b.pos.0 + 1, 0)
                 } else {

@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Vision pipeline: ImageFolder (DIR/<class>/<file>) or WebDataset shards (*.tar).
-    Vision(vision::VisionArgs),
+    Vision(Box<vision::VisionArgs>),
     /// Pull one sample through every stage and print each stage's components.
     Inspect {
         #[command(subcommand)]
@@ -109,6 +109,9 @@ pub struct CommonArgs {
     /// Write each batch as .npy files plus DIR/index.json.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace (JSON) of every stage's work.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Write a machine-readable run report (JSON).
     #[arg(long, value_name = "FILE")]
     pub report_json: Option<PathBuf>,
@@ -188,7 +191,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.cmd {
         None => vision::run(vision::VisionArgs::default_run()),
-        Some(Cmd::Vision(a)) => vision::run(a),
+        Some(Cmd::Vision(a)) => vision::run(*a),
         Some(Cmd::Inspect {
             domain: InspectDomain::Vision(a),
         }) => vision::inspect(a),

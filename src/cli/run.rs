@@ -164,6 +164,9 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
     if let Some(path) = &c.save_state {
         std::fs::write(path, last_state.to_json()).map_err(CliError::io(path))?;
     }
+    if let (Some(path), Some(json)) = (&c.trace, p.trace_json()) {
+        std::fs::write(path, json).map_err(CliError::io(path))?;
+    }
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }

@@ -110,6 +110,9 @@ pub struct InspectArgs {
     pub vision: VisionOpts,
 }
 
+/// Events kept in a `--trace` file (about 100 bytes each).
+const TRACE_EVENTS: usize = 1_000_000;
+
 /// Size of the embedded default dataset.
 pub const DEFAULT_COUNT: u64 = 2048;
 
@@ -249,7 +252,11 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     let buffers = 2 * c.workers.resolve(cpus) + 4;
     let pool = PinnedPool::new(a.vision.pin.mode(), buffers)
         .map_err(|e| CliError::Usage(format!("--pin strict: {e}")))?;
-    let b = builder_for(&ds, stage, c.workers)
+    // A trace file that cannot be written is an error before the run.
+    if let Some(path) = &c.trace {
+        std::fs::write(path, b"").map_err(CliError::io(path))?;
+    }
+    let mut b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
         .shuffle(c.shuffle)
         .seed(c.seed)
@@ -259,6 +266,9 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         .cpus(cpus)
         .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()))
         .collate(ferrofeed_vision::collate().buffers(Arc::new(pool)));
+    if c.trace.is_some() {
+        b = b.trace(TRACE_EVENTS);
+    }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || index_entries(&ds);
     run_epochs(RunSpec {
