@@ -659,6 +659,7 @@ impl Worker {
             index: 0,
         };
         let rows_in = table.len() as u64;
+        let _span = tracing::trace_span!("stage", name, rows = rows_in).entered();
         let t0 = Instant::now();
         let result = stage_run(table, &env, &mut exec);
         if !time_all {
@@ -1439,6 +1440,9 @@ impl Pipeline {
             batches_hint,
             epoch,
             position: begin,
+            pending_wait: Duration::ZERO,
+            recent_waits: VecDeque::new(),
+            last_summary_line: Instant::now(),
         }
     }
 
@@ -1798,7 +1802,20 @@ pub struct EpochIter<'p> {
     /// Where the next batch starts: `(plan batch, 0)` or `(shard position,
     /// part)`.
     position: (u64, u64),
+    /// Time the consumer waited since the last batch it got.
+    pending_wait: Duration,
+    /// Recent per-batch waits, for the slow-batch warning.
+    recent_waits: VecDeque<Duration>,
+    last_summary_line: Instant,
 }
+
+/// A batch the consumer waited for this many times the running median (and
+/// at least [`SLOW_BATCH_FLOOR`]) is reported as slow.
+pub const SLOW_BATCH_FACTOR: u32 = 5;
+/// Waits shorter than this are never reported.
+pub const SLOW_BATCH_FLOOR: Duration = Duration::from_millis(20);
+/// Seconds between progress summary lines (`tracing` info).
+const SUMMARY_EVERY: Duration = Duration::from_secs(30);
 
 enum Recv {
     Msg(TaskOut),
@@ -1829,6 +1846,46 @@ impl<'p> EpochIter<'p> {
             batches_hint: None,
             epoch,
             position: (0, 0),
+            pending_wait: Duration::ZERO,
+            recent_waits: VecDeque::new(),
+            last_summary_line: Instant::now(),
+        }
+    }
+
+    /// Warns (a `tracing` event) when the consumer waited much longer than
+    /// usual for a batch, and logs a summary line now and then.
+    fn watch_batch(&mut self) {
+        let wait = std::mem::take(&mut self.pending_wait);
+        if self.recent_waits.len() >= 16 && wait >= SLOW_BATCH_FLOOR {
+            let mut sorted: Vec<Duration> = self.recent_waits.iter().copied().collect();
+            sorted.sort_unstable();
+            let median = sorted[sorted.len() / 2];
+            if wait > median * SLOW_BATCH_FACTOR {
+                tracing::warn!(
+                    epoch = self.epoch,
+                    batch = self.summary.batches,
+                    wait_ms = wait.as_secs_f64() * 1e3,
+                    median_ms = median.as_secs_f64() * 1e3,
+                    "slow batch: the consumer waited {:.1} ms, {:.0}x the running median",
+                    wait.as_secs_f64() * 1e3,
+                    wait.as_secs_f64() / median.as_secs_f64().max(1e-9)
+                );
+            }
+        }
+        if self.recent_waits.len() == 64 {
+            self.recent_waits.pop_front();
+        }
+        self.recent_waits.push_back(wait);
+        if self.last_summary_line.elapsed() >= SUMMARY_EVERY {
+            self.last_summary_line = Instant::now();
+            let secs = self.start.elapsed().as_secs_f64();
+            tracing::info!(
+                "epoch {}: {} batches, {:.1} samples/s, consumer waited {:.0}% of the time",
+                self.epoch,
+                self.summary.batches,
+                self.summary.samples as f64 / secs.max(1e-9),
+                100.0 * self.summary.wait_seconds / secs.max(1e-9)
+            );
         }
     }
 
@@ -1976,6 +2033,7 @@ impl Iterator for EpochIter<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some(b) = self.ready.pop_front() {
+                self.watch_batch();
                 if let Some(sink) = &self.pipeline.shared.trace {
                     let mut ev = vec![crate::trace::TraceEvent {
                         name: 0,
@@ -2015,7 +2073,9 @@ impl Iterator for EpochIter<'_> {
             }
             let waited = Instant::now();
             let r = self.recv();
-            self.summary.wait_seconds += waited.elapsed().as_secs_f64();
+            let w = waited.elapsed();
+            self.summary.wait_seconds += w.as_secs_f64();
+            self.pending_wait += w;
             match r {
                 Recv::Msg(out) => {
                     if self.pipeline.shared.cfg.ordered && out.key != self.next_key {

@@ -1,0 +1,109 @@
+//! Observability: per-stage reports, and the soak test
+//! that persistent pools do not leak (ignored by default: run it with
+//! `cargo test --release -p ferrofeed-core --test observe -- --ignored`).
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use ferrofeed_core::prelude::*;
+
+/// Counts the heap bytes live in this test binary: a leak shows up here
+/// exactly, where RSS moves with the allocator's caching.
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+// SAFETY: forwards to the system allocator and only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        System.dealloc(p, l)
+    }
+}
+#[global_allocator]
+static A: Counting = Counting;
+
+#[test]
+fn stage_reports_name_the_busy_stage() {
+    let p = Pipeline::builder(FnSource::new(200, |i| Ok(i as i64)))
+        .map_with(
+            "cheap",
+            StageOptions::new().workers(Parallelism::Fixed(2)),
+            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+        )
+        .map_with(
+            "costly",
+            StageOptions::new().workers(Parallelism::Fixed(2)),
+            |x: i64, _: &StageCtx| {
+                std::thread::sleep(Duration::from_micros(300));
+                Ok::<_, BoxError>(x)
+            },
+        )
+        .batch_size(8)
+        .collate(StackCollate::new().column::<i64>("x"))
+        .build()
+        .unwrap();
+    p.reset_metrics();
+    assert_eq!(p.epoch(0).map(|b| b.unwrap().len()).sum::<usize>(), 200);
+    let r = p.stage_reports();
+    let get = |n: &str| r.iter().find(|s| s.name == n).unwrap().clone();
+    assert_eq!(get("costly").samples, 200);
+    assert!(get("costly").mean_ms >= 0.25, "{:?}", get("costly"));
+    assert!(get("costly").busy_fraction > get("cheap").busy_fraction);
+    assert_eq!(r.first().unwrap().name, "source");
+    assert_eq!(r.last().unwrap().name, "collate");
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore]
+fn soak_fifty_epochs_of_persistent_pools_do_not_grow_memory() {
+    let p = Pipeline::builder(FnSource::new(20_000, |i| Ok(vec![i as u8; 2048])))
+        .map_with(
+            "touch",
+            StageOptions::new().workers(Parallelism::Fixed(2)),
+            |v: Vec<u8>, _: &StageCtx| {
+                Ok::<_, BoxError>(v.iter().map(|x| x.wrapping_add(1)).collect::<Vec<u8>>())
+            },
+        )
+        .batch_size(64)
+        .shuffle(true)
+        .collate(StackCollate::new().column::<Vec<u8>>("v"))
+        .build()
+        .unwrap();
+    let mut rss = Vec::new();
+    let mut live = Vec::new();
+    for e in 0..50 {
+        let n: usize = p.epoch(e).map(|b| b.unwrap().len()).sum();
+        assert_eq!(n, 20_000);
+        rss.push(rss_kib());
+        live.push(LIVE.load(Ordering::Relaxed));
+    }
+    println!("RSS per epoch (KiB): {rss:?}");
+    println!("live heap bytes per epoch: {live:?}");
+    let (second, last) = (live[1] as f64, live[49] as f64);
+    let growth = (last - second) / second;
+    println!(
+        "live heap after epoch 2: {second} B, after epoch 50: {last} B ({:+.2}%); RSS {} -> {} KiB",
+        growth * 100.0,
+        rss[1],
+        rss[49]
+    );
+    assert!(
+        growth <= 0.02,
+        "live heap grew {:.2}% from epoch 2 to 50",
+        growth * 100.0
+    );
+}
