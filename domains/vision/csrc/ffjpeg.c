@@ -37,6 +37,15 @@ static void copy_msg(char *dst, size_t cap, const char *src) {
   dst[cap - 1] = 0;
 }
 
+/* Errors longjmp to the caller's setjmp; warnings only note a truncation. */
+static void ff_err_setup(struct jpeg_decompress_struct *cinfo, struct ff_err *err) {
+  memset(err, 0, sizeof *err);
+  cinfo->err = jpeg_std_error(&err->pub);
+  err->pub.error_exit = ff_error_exit;
+  err->pub.emit_message = ff_emit_message;
+  err->pub.output_message = ff_output_message;
+}
+
 #define FF_OK 0
 #define FF_ERROR 1
 #define FF_UNSUPPORTED 2
@@ -47,11 +56,7 @@ int ff_jpeg_header(const unsigned char *data, unsigned long len, int *width,
   struct jpeg_decompress_struct cinfo;
   struct ff_err err;
   int rc = FF_OK;
-  memset(&err, 0, sizeof err);
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = ff_error_exit;
-  err.pub.emit_message = ff_emit_message;
-  err.pub.output_message = ff_output_message;
+  ff_err_setup(&cinfo, &err);
   if (setjmp(err.jump)) {
     copy_msg(msg, msg_cap, err.msg);
     jpeg_destroy_decompress(&cinfo);
@@ -85,11 +90,7 @@ int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
   struct jpeg_decompress_struct cinfo;
   struct ff_err err;
   JDIMENSION sx, sy, ex, ey, xoff, cw, row;
-  memset(&err, 0, sizeof err);
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = ff_error_exit;
-  err.pub.emit_message = ff_emit_message;
-  err.pub.output_message = ff_output_message;
+  ff_err_setup(&cinfo, &err);
   if (setjmp(err.jump)) {
     copy_msg(msg, msg_cap, err.msg);
     jpeg_destroy_decompress(&cinfo);

@@ -114,13 +114,8 @@ pub fn peek_dimensions(bytes: &[u8]) -> Result<(u32, u32), DecodeError> {
         return Err(DecodeError::Empty);
     }
     if is_jpeg(bytes) {
-        let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
-        d.decode_headers()
-            .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
-        let info = d
-            .info()
-            .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
-        return Ok((u32::from(info.width), u32::from(info.height)));
+        let (_, w, h) = zune_headers(bytes)?;
+        return Ok((w, h));
     }
     let reader = ::image::ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
@@ -131,6 +126,19 @@ pub fn peek_dimensions(bytes: &[u8]) -> Result<(u32, u32), DecodeError> {
     reader
         .into_dimensions()
         .map_err(|e| DecodeError::Other(e.to_string()))
+}
+
+type ZuneDecoder<'a> = JpegDecoder<ZCursor<&'a [u8]>>;
+
+/// A zune-jpeg decoder with its headers read, and the frame size.
+fn zune_headers(bytes: &[u8]) -> Result<(ZuneDecoder<'_>, u32, u32), DecodeError> {
+    let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
+    d.decode_headers()
+        .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
+    let info = d
+        .info()
+        .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+    Ok((d, u32::from(info.width), u32::from(info.height)))
 }
 
 fn unknown(bytes: &[u8]) -> DecodeError {
@@ -189,13 +197,7 @@ fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError>
             }
         }
     }
-    let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
-    d.decode_headers()
-        .map_err(|e| DecodeError::Jpeg(format!("{e:?}")))?;
-    let info = d
-        .info()
-        .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
-    let (w, h) = (u32::from(info.width), u32::from(info.height));
+    let (mut d, w, h) = zune_headers(bytes)?;
     check_pixels(u64::from(w), u64::from(h), opts.max_pixels)?;
     if !has_eoi_or_data(bytes) {
         return Err(DecodeError::Jpeg(

@@ -114,6 +114,29 @@ pub fn center_crop_box(width: u32, height: u32, size: u32) -> CropBox {
     }
 }
 
+/// Resize(`resize`) + CenterCrop(`size`) as one step: the source region
+/// (fractional, in the original image) that survives the crop, and the
+/// output size.
+fn eval_region(
+    width: u32,
+    height: u32,
+    resize: u32,
+    size: u32,
+) -> ((f64, f64, f64, f64), u32, u32) {
+    let (nw, nh) = eval_resize_size(width, height, resize);
+    let b = center_crop_box(nw, nh, size);
+    // Map the crop in the resized frame back to the source.
+    let sx = f64::from(width) / f64::from(nw);
+    let sy = f64::from(height) / f64::from(nh);
+    let region = (
+        f64::from(b.left) * sx,
+        f64::from(b.top) * sy,
+        f64::from(b.width) * sx,
+        f64::from(b.height) * sy,
+    );
+    (region, b.width, b.height)
+}
+
 thread_local! {
     static RESIZER: RefCell<fir::Resizer> = RefCell::new(fir::Resizer::new());
     /// Each worker's buffer for decoded JPEG regions, reused across images.
@@ -240,18 +263,8 @@ impl Transform {
         match *self {
             Transform::None => Ok(img.clone()),
             Transform::Eval { resize, size } => {
-                let (nw, nh) = eval_resize_size(img.width, img.height, resize);
-                let b = center_crop_box(nw, nh, size);
-                // Map the crop in the resized frame back to the source.
-                let sx = f64::from(img.width) / f64::from(nw);
-                let sy = f64::from(img.height) / f64::from(nh);
-                let region = (
-                    f64::from(b.left) * sx,
-                    f64::from(b.top) * sy,
-                    f64::from(b.width) * sx,
-                    f64::from(b.height) * sy,
-                );
-                resize_crop(img, region, b.width, b.height)
+                let (region, w, h) = eval_region(img.width, img.height, resize, size);
+                resize_crop(img, region, w, h)
             }
             Transform::Train {
                 size,
@@ -414,17 +427,8 @@ impl DecodeTransform {
                 (region, size, size, flip)
             }
             Transform::Eval { resize, size } => {
-                let (nw, nh) = eval_resize_size(w, h, resize);
-                let b = center_crop_box(nw, nh, size);
-                let sx = f64::from(w) / f64::from(nw);
-                let sy = f64::from(h) / f64::from(nh);
-                let region = (
-                    f64::from(b.left) * sx,
-                    f64::from(b.top) * sy,
-                    f64::from(b.width) * sx,
-                    f64::from(b.height) * sy,
-                );
-                (region, b.width, b.height, false)
+                let (region, ow, oh) = eval_region(w, h, resize, size);
+                (region, ow, oh, false)
             }
         };
         // The filter reads about one output pixel's worth of source beyond
