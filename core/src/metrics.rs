@@ -124,6 +124,11 @@ pub struct StageMetrics {
     pub busy_ns: AtomicU64,
     /// Per-sample latency.
     pub latency: Histogram,
+    /// Sum of the input queue's fill (‰) seen at each receive, and how many
+    /// receives (only for the first stage of a segment after the first).
+    pub queue_fill_permille: AtomicU64,
+    /// Receives counted in `queue_fill_permille`.
+    pub queue_samples: AtomicU64,
 }
 
 impl StageMetrics {
@@ -134,6 +139,8 @@ impl StageMetrics {
             &self.skipped,
             &self.retries,
             &self.busy_ns,
+            &self.queue_fill_permille,
+            &self.queue_samples,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -164,6 +171,24 @@ pub struct StageReport {
     pub skipped: u64,
     /// Retries.
     pub retries: u64,
+    /// Mean fill of the queue feeding this stage (0–1), where it has one
+    /// (the first stage of each segment after the first).
+    pub input_queue_fill: Option<f64>,
+}
+
+/// The stage that limits throughput, and what to change.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bottleneck {
+    /// The stage (or `consumer` when the pipeline outruns its consumer).
+    pub stage: String,
+    /// Its workers.
+    pub workers: usize,
+    /// Its busy fraction.
+    pub busy_fraction: f64,
+    /// Mean fill of the queue into the consumer (0–1).
+    pub output_queue_fill: f64,
+    /// What to change.
+    pub advice: String,
 }
 
 /// What one epoch delivered; nothing is silently lost: `samples + skipped`

@@ -227,6 +227,8 @@ pub(crate) struct Shared {
     slow: Vec<AtomicBool>,
     slots: Vec<WorkerSlot>,
     has_timeouts: bool,
+    out_queue_permille: AtomicU64,
+    out_queue_samples: AtomicU64,
     pub(crate) trace: Option<Arc<crate::trace::TraceSink>>,
     t0: Instant,
     window: u64,
@@ -270,6 +272,8 @@ impl Shared {
             Arc::new(crate::trace::TraceSink::new(max, names))
         });
         Shared {
+            out_queue_permille: AtomicU64::new(0),
+            out_queue_samples: AtomicU64::new(0),
             trace,
             has_timeouts: stages.iter().any(|s| s.opts.timeout.is_some()),
             source,
@@ -587,7 +591,15 @@ impl Worker {
                 Work::Iter { order, skip_parts } => self.run_iter_source(job, order, *skip_parts),
             }
         } else if let Some(input) = &job.input {
-            while let Ok(mut msg) = input.recv() {
+            let first = self.shared.segments[self.seg].stages.start + 1;
+            let cap = input.capacity().unwrap_or(1).max(1) as u64;
+            while let Ok(mut msg) = {
+                let m = &self.shared.metrics[first];
+                m.queue_fill_permille
+                    .fetch_add(input.len() as u64 * 1000 / cap, Ordering::Relaxed);
+                m.queue_samples.fetch_add(1, Ordering::Relaxed);
+                input.recv()
+            } {
                 if run.cancelled() {
                     break;
                 }
@@ -1494,9 +1506,81 @@ impl Pipeline {
                     errors: m.errors.load(Ordering::Relaxed),
                     skipped: m.skipped.load(Ordering::Relaxed),
                     retries: m.retries.load(Ordering::Relaxed),
+                    input_queue_fill: {
+                        let n = m.queue_samples.load(Ordering::Relaxed);
+                        (n > 0).then(|| {
+                            m.queue_fill_permille.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0
+                        })
+                    },
                 }
             })
             .collect()
+    }
+
+    /// Mean fill (0–1) of the queue into the consumer, sampled each time the
+    /// consumer asked for a batch: near 1, the pipeline outruns the consumer.
+    pub fn output_queue_fill(&self) -> f64 {
+        let n = self.shared.out_queue_samples.load(Ordering::Relaxed);
+        if n == 0 {
+            0.0
+        } else {
+            self.shared.out_queue_permille.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0
+        }
+    }
+
+    /// The stage that limits throughput since the last
+    /// [`reset_metrics`](Self::reset_metrics), and what to change.
+    pub fn bottleneck(&self) -> Option<crate::metrics::Bottleneck> {
+        let reports = self.stage_reports();
+        let out_fill = self.output_queue_fill();
+        let s = reports
+            .iter()
+            .filter(|s| s.samples > 0)
+            .max_by(|a, b| a.busy_fraction.total_cmp(&b.busy_fraction))?;
+        let pct = s.busy_fraction * 100.0;
+        // The share of the last epoch the consumer spent waiting for data.
+        let stall = self
+            .last_summary()
+            .filter(|e| e.seconds > 0.0)
+            .map_or(1.0, |e| e.wait_seconds / e.seconds);
+        let (stage, workers, advice) = if stall < 0.1 || (out_fill > 0.8 && s.busy_fraction < 0.8) {
+            (
+                "consumer".to_string(),
+                0,
+                format!(
+                    "the consumer waited {:.0}% of the time for data: the pipeline outruns it (busiest stage {} at {pct:.0}%)",
+                    stall * 100.0,
+                    s.name
+                ),
+            )
+        } else if s.busy_fraction >= 0.5 {
+            (
+                s.name.clone(),
+                s.workers,
+                format!(
+                    "{}: {} worker{} at {pct:.0}% busy — give it more CPUs or make it cheaper",
+                    s.name,
+                    s.workers,
+                    if s.workers == 1 { "" } else { "s" }
+                ),
+            )
+        } else {
+            (
+                s.name.clone(),
+                s.workers,
+                format!(
+                    "no stage is busy (highest: {} at {pct:.0}%): waiting on I/O or too little prefetch — raise the read stage's workers or the prefetch",
+                    s.name
+                ),
+            )
+        };
+        Some(crate::metrics::Bottleneck {
+            stage,
+            workers,
+            busy_fraction: s.busy_fraction,
+            output_queue_fill: out_fill,
+            advice,
+        })
     }
 
     fn metrics_since(&self) -> std::sync::MutexGuard<'_, Instant> {
@@ -1511,6 +1595,8 @@ impl Pipeline {
         for m in &self.shared.metrics {
             m.reset();
         }
+        self.shared.out_queue_permille.store(0, Ordering::Relaxed);
+        self.shared.out_queue_samples.store(0, Ordering::Relaxed);
         self.shared.budget.reset_peak();
         *self.metrics_since() = Instant::now();
     }
@@ -1914,6 +2000,11 @@ impl<'p> EpochIter<'p> {
             return Recv::Closed;
         };
         let shared = &self.pipeline.shared;
+        let cap = rx.capacity().unwrap_or(1).max(1) as u64;
+        shared
+            .out_queue_permille
+            .fetch_add(rx.len() as u64 * 1000 / cap, Ordering::Relaxed);
+        shared.out_queue_samples.fetch_add(1, Ordering::Relaxed);
         if !shared.has_timeouts {
             return match rx.recv() {
                 Ok(m) => Recv::Msg(m),

@@ -54,6 +54,69 @@ fn stage_reports_name_the_busy_stage() {
     assert!(get("costly").busy_fraction > get("cheap").busy_fraction);
     assert_eq!(r.first().unwrap().name, "source");
     assert_eq!(r.last().unwrap().name, "collate");
+    let b = p.bottleneck().unwrap();
+    assert_eq!(b.stage, "costly", "{b:?}");
+    assert!(b.advice.contains("costly"), "{}", b.advice);
+}
+
+#[test]
+fn a_slow_consumer_is_named_as_the_bottleneck() {
+    let p = Pipeline::builder(FnSource::new(400, |i| Ok(i as i64)))
+        .map_with(
+            "fast",
+            StageOptions::new().workers(Parallelism::Fixed(2)),
+            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+        )
+        .batch_size(4)
+        .min_task_samples(1)
+        .collate(StackCollate::new().column::<i64>("x"))
+        .build()
+        .unwrap();
+    p.reset_metrics();
+    for b in p.epoch(0) {
+        b.unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let b = p.bottleneck().unwrap();
+    assert_eq!(b.stage, "consumer", "{b:?}");
+}
+
+#[test]
+fn queue_fill_is_reported_for_split_segments() {
+    let p = Pipeline::builder(FnSource::new(300, |i| Ok(i as i64)))
+        .map_with(
+            "a",
+            StageOptions::new().workers(Parallelism::Fixed(2)),
+            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+        )
+        .map_with(
+            "b",
+            StageOptions::new().workers(Parallelism::Fixed(1)),
+            |x: i64, _: &StageCtx| {
+                std::thread::sleep(Duration::from_micros(200));
+                Ok::<_, BoxError>(x)
+            },
+        )
+        .batch_size(5)
+        .min_task_samples(1)
+        .collate(StackCollate::new().column::<i64>("x"))
+        .build()
+        .unwrap();
+    assert_eq!(p.epoch(0).count(), 60);
+    let r = p.stage_reports();
+    let fill = r
+        .iter()
+        .find(|s| s.name == "b")
+        .unwrap()
+        .input_queue_fill
+        .unwrap();
+    assert!(fill > 0.3, "the slow stage's input queue fills up: {fill}");
+    assert!(r
+        .iter()
+        .find(|s| s.name == "a")
+        .unwrap()
+        .input_queue_fill
+        .is_none());
 }
 
 fn rss_kib() -> u64 {

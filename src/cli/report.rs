@@ -6,7 +6,7 @@
 //! ```
 use std::collections::BTreeMap;
 
-use ferrofeed_core::StageReport;
+use ferrofeed_core::{Bottleneck, StageReport};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -34,32 +34,11 @@ pub struct Report {
     pub max_bytes_in_flight: u64,
     pub data_stall_seconds: f64,
     pub stages: Vec<StageReport>,
+    pub bottleneck: Option<Bottleneck>,
 }
 
 pub fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
-}
-
-/// The stage that limits throughput, and what to change.
-pub fn bottleneck(stages: &[StageReport]) -> Option<String> {
-    let s = stages
-        .iter()
-        .filter(|s| s.samples > 0)
-        .max_by(|a, b| a.busy_fraction.total_cmp(&b.busy_fraction))?;
-    let busy = s.busy_fraction * 100.0;
-    Some(if s.busy_fraction < 0.5 {
-        format!(
-            "none of the stages is busy (highest: {} at {busy:.0}%): the consumer sets the pace",
-            s.name
-        )
-    } else {
-        format!(
-            "{}: {} worker{} at {busy:.0}% busy — give it more CPUs or make it cheaper",
-            s.name,
-            s.workers,
-            if s.workers == 1 { "" } else { "s" }
-        )
-    })
 }
 
 pub fn print_table(r: &Report) {
@@ -75,12 +54,12 @@ pub fn print_table(r: &Report) {
         r.memory_source
     );
     println!(
-        "{:<12} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7}",
-        "stage", "workers", "samples", "busy", "mean ms", "p50 ms", "p99 ms", "errors"
+        "{:<12} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "stage", "workers", "samples", "busy", "mean ms", "p50 ms", "p99 ms", "errors", "queue"
     );
     for s in &r.stages {
         println!(
-            "{:<12} {:>7} {:>9} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>7}",
+            "{:<12} {:>7} {:>9} {:>5.0}% {:>9.3} {:>9.3} {:>9.3} {:>7} {:>7}",
             s.name,
             s.workers,
             s.samples,
@@ -88,11 +67,13 @@ pub fn print_table(r: &Report) {
             s.mean_ms,
             s.p50_ms,
             s.p99_ms,
-            s.errors
+            s.errors,
+            s.input_queue_fill
+                .map_or("-".to_string(), |f| format!("{:.0}%", f * 100.0))
         );
     }
-    if let Some(b) = bottleneck(&r.stages) {
-        println!("bottleneck: {b}");
+    if let Some(b) = &r.bottleneck {
+        println!("bottleneck: {}", b.advice);
     }
     println!(
         "peak bytes in flight: {} (budget {}); consumer waited {:.2} s for data",

@@ -199,6 +199,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         max_bytes_in_flight: p.budget().max() as u64,
         data_stall_seconds: stall,
         stages,
+        bottleneck: p.bottleneck(),
     };
     print_table(&report);
     if let Some(path) = &c.report_json {
