@@ -91,6 +91,7 @@ pub struct PipelineBuilder {
     shuffle_buffer: usize,
     batch_stages: Vec<(String, Box<dyn BatchStage>)>,
     trace_max: Option<usize>,
+    metrics: bool,
 }
 
 /// Default byte budget: 256 MiB.
@@ -130,6 +131,7 @@ impl PipelineBuilder {
             shuffle_buffer: 0,
             batch_stages: Vec::new(),
             trace_max: None,
+            metrics: true,
         }
     }
 
@@ -251,6 +253,13 @@ impl PipelineBuilder {
         self
     }
 
+    /// Per-stage timing (latency histograms, busy time; default on). Off,
+    /// only counters are kept — for measuring what the timing costs.
+    pub fn metrics(mut self, yes: bool) -> Self {
+        self.metrics = yes;
+        self
+    }
+
     /// Records a Chrome/Perfetto trace of every stage's work, keeping at
     /// most `max_events` events (see [`Pipeline::trace_json`]).
     pub fn trace(mut self, max_events: usize) -> Self {
@@ -364,6 +373,7 @@ impl PipelineBuilder {
                 min_task_samples: self.min_task_samples.max(1),
                 fuse: self.fuse,
                 trace_max: self.trace_max,
+                metrics: self.metrics,
                 batch_size: self.batch_size,
                 drop_last: self.drop_last,
                 shuffle: self.shuffle,

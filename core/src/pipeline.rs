@@ -196,6 +196,7 @@ pub(crate) struct Config {
     pub cpus: usize,
     pub min_task_samples: usize,
     pub fuse: bool,
+    pub metrics: bool,
     pub trace_max: Option<usize>,
     pub batch_size: usize,
     pub drop_last: bool,
@@ -672,9 +673,10 @@ impl Worker {
         };
         let rows_in = table.len() as u64;
         let _span = tracing::trace_span!("stage", name, rows = rows_in).entered();
-        let t0 = Instant::now();
+        let metrics = shared.cfg.metrics;
+        let t0 = metrics.then(Instant::now);
         let result = stage_run(table, &env, &mut exec);
-        if !time_all {
+        if let (false, Some(t0)) = (time_all, t0) {
             // A fast stage: time the whole task, record the per-row mean.
             let dt = t0.elapsed().as_nanos() as u64;
             let per_row = dt / rows_in.max(1);
@@ -977,17 +979,16 @@ impl Worker {
         let mut b = 0;
         let map_task = matches!(shared.source, ErasedSource::Map { .. });
         let rows_in = table.len() as u64;
-        let t0 = Instant::now();
-        loop {
-            let Some(range) = table.batches().nth(b) else {
-                break;
-            };
+        let t0 = shared.cfg.metrics.then(Instant::now);
+        // Batch row ranges, recomputed only when a skip removes rows.
+        let mut ranges: Vec<Range<usize>> = table.batches().collect();
+        while let Some(range) = ranges.get(b).cloned() {
             if range.is_empty() {
                 b += 1;
                 continue;
             }
             let rows = BatchRows::new(&table, range.clone());
-            let tb = Instant::now();
+            let tb = shared.trace.is_some().then(Instant::now);
             let r = catch_unwind(AssertUnwindSafe(|| shared.collate.collate(&rows)));
             let n = range.len() as u64;
             // Then the batch stages, on the finished batch: a failure there is
@@ -1004,7 +1005,7 @@ impl Worker {
                     };
                     match run_batch_stages(&shared, &mut batch) {
                         None => {
-                            if let Some(sink) = &shared.trace {
+                            if let (Some(sink), Some(tb)) = (&shared.trace, tb) {
                                 self.trace_buf.push(crate::trace::TraceEvent {
                                     name: m as u32,
                                     tid: self.slot as u32 + 1,
@@ -1062,13 +1063,16 @@ impl Worker {
                 keep[row] = false;
             }
             table.retain(&keep);
+            ranges = table.batches().collect();
         }
-        let dt = t0.elapsed().as_nanos() as u64;
-        self.stats.timed_ns[m] += dt;
-        self.stats.timed_n[m] += rows_in;
-        shared.metrics[m]
-            .latency
-            .record_n(dt / rows_in.max(1), rows_in);
+        if let Some(t0) = t0 {
+            let dt = t0.elapsed().as_nanos() as u64;
+            self.stats.timed_ns[m] += dt;
+            self.stats.timed_n[m] += rows_in;
+            shared.metrics[m]
+                .latency
+                .record_n(dt / rows_in.max(1), rows_in);
+        }
         // One lease for the task's batches, released when the last drops.
         let bytes: usize = out.iter().map(Batch::nbytes).sum();
         let shared_lease = Arc::new(shared.budget.lease(bytes));
@@ -1452,7 +1456,6 @@ impl Pipeline {
             batches_hint,
             epoch,
             position: begin,
-            pending_wait: Duration::ZERO,
             recent_waits: VecDeque::new(),
             last_summary_line: Instant::now(),
         }
@@ -1888,8 +1891,6 @@ pub struct EpochIter<'p> {
     /// Where the next batch starts: `(plan batch, 0)` or `(shard position,
     /// part)`.
     position: (u64, u64),
-    /// Time the consumer waited since the last batch it got.
-    pending_wait: Duration,
     /// Recent per-batch waits, for the slow-batch warning.
     recent_waits: VecDeque<Duration>,
     last_summary_line: Instant,
@@ -1932,16 +1933,15 @@ impl<'p> EpochIter<'p> {
             batches_hint: None,
             epoch,
             position: (0, 0),
-            pending_wait: Duration::ZERO,
             recent_waits: VecDeque::new(),
             last_summary_line: Instant::now(),
         }
     }
 
     /// Warns (a `tracing` event) when the consumer waited much longer than
-    /// usual for a batch, and logs a summary line now and then.
-    fn watch_batch(&mut self) {
-        let wait = std::mem::take(&mut self.pending_wait);
+    /// usual for the next task's batches, and logs a summary line now and
+    /// then. Called once per received task, not per batch.
+    fn watch_wait(&mut self, wait: Duration) {
         if self.recent_waits.len() >= 16 && wait >= SLOW_BATCH_FLOOR {
             let mut sorted: Vec<Duration> = self.recent_waits.iter().copied().collect();
             sorted.sort_unstable();
@@ -2124,7 +2124,6 @@ impl Iterator for EpochIter<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some(b) = self.ready.pop_front() {
-                self.watch_batch();
                 if let Some(sink) = &self.pipeline.shared.trace {
                     let mut ev = vec![crate::trace::TraceEvent {
                         name: 0,
@@ -2166,7 +2165,7 @@ impl Iterator for EpochIter<'_> {
             let r = self.recv();
             let w = waited.elapsed();
             self.summary.wait_seconds += w.as_secs_f64();
-            self.pending_wait += w;
+            self.watch_wait(w);
             match r {
                 Recv::Msg(out) => {
                     if self.pipeline.shared.cfg.ordered && out.key != self.next_key {
