@@ -99,6 +99,9 @@ fn queue_fill_is_reported_for_split_segments() {
         )
         .batch_size(5)
         .min_task_samples(1)
+        // A small budget keeps tasks to a batch or two, so the queue is
+        // sampled many times.
+        .max_bytes_in_flight(2000)
         .collate(StackCollate::new().column::<i64>("x"))
         .build()
         .unwrap();
