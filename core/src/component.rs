@@ -225,18 +225,23 @@ impl Component for PathBuf {
     }
 }
 
+/// `len N [first six…]`.
+fn describe_slice<T: fmt::Debug>(s: &[T]) -> String {
+    let head = &s[..s.len().min(6)];
+    format!(
+        "len {} {:?}{}",
+        s.len(),
+        head,
+        if s.len() > 6 { "…" } else { "" }
+    )
+}
+
 impl<T: bytemuck::Pod + Send + Sync + fmt::Debug> Component for Vec<T> {
     fn nbytes(&self) -> usize {
         self.capacity() * std::mem::size_of::<T>() + std::mem::size_of::<Vec<T>>()
     }
     fn describe(&self) -> String {
-        let head: Vec<&T> = self.iter().take(6).collect();
-        format!(
-            "len {} {:?}{}",
-            self.len(),
-            head,
-            if self.len() > 6 { "…" } else { "" }
-        )
+        describe_slice(self)
     }
 }
 
@@ -245,13 +250,7 @@ impl<T: bytemuck::Pod + Send + Sync + fmt::Debug> Component for Arc<[T]> {
         self.len() * std::mem::size_of::<T>()
     }
     fn describe(&self) -> String {
-        let head: Vec<&T> = self.iter().take(6).collect();
-        format!(
-            "len {} {:?}{}",
-            self.len(),
-            head,
-            if self.len() > 6 { "…" } else { "" }
-        )
+        describe_slice(self)
     }
 }
 

@@ -344,20 +344,18 @@ impl PinnedPool {
                     line
                 });
                 Ok(PinnedPool {
-                    shared: Arc::new(Self::shared_state(max_buffers, None)),
+                    shared: Arc::new(Self::shared_state(max_buffers)),
                     reason,
                 })
             }
         }
     }
 
-    fn shared_state(
-        max_buffers: usize,
-        #[allow(unused_variables)] ctx: Option<Arc<dyn std::any::Any + Send + Sync>>,
-    ) -> PoolShared {
+    /// The pool's state, with no device (host memory) until one is set.
+    fn shared_state(max_buffers: usize) -> PoolShared {
         PoolShared {
             #[cfg(feature = "cuda")]
-            ctx: ctx.and_then(|c| c.downcast::<cudarc::driver::CudaContext>().ok()),
+            ctx: None,
             max_buffers: max_buffers.max(1),
             wait: Duration::from_millis(50),
             state: Mutex::new(PoolState {
@@ -375,9 +373,10 @@ impl PinnedPool {
     pub fn on_device(ordinal: usize, max_buffers: usize) -> Result<PinnedPool, CudaError> {
         #[cfg(feature = "cuda")]
         {
-            let ctx = cuda::open(ordinal)?;
+            let mut shared = Self::shared_state(max_buffers);
+            shared.ctx = Some(cuda::open(ordinal)?);
             Ok(PinnedPool {
-                shared: Arc::new(Self::shared_state(max_buffers, Some(ctx))),
+                shared: Arc::new(shared),
                 reason: None,
             })
         }

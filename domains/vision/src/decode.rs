@@ -192,7 +192,8 @@ fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError>
             if let Some(r) = crate::libjpeg::decode_region(bytes, 8, opts.fast, 0, 0, w, h)
                 .map_err(DecodeError::Jpeg)?
             {
-                let img = Image::new(r.width, r.height, r.data).map_err(DecodeError::Jpeg)?;
+                let img =
+                    Image::new(r.info.width, r.info.height, r.data).map_err(DecodeError::Jpeg)?;
                 return Ok(orient(img, orientation));
             }
         }

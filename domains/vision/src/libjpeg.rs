@@ -13,7 +13,8 @@
 //!     let (w, h) = ferrofeed_vision::libjpeg::header(&jpeg).unwrap().unwrap();
 //!     // Half scale: the region (100, 50, 200×150) becomes (50, 25, 100×75).
 //!     let r = ferrofeed_vision::libjpeg::decode_region(&jpeg, 4, false, 100, 50, 200, 150).unwrap().unwrap();
-//!     assert!(r.x <= 50 && r.x + r.width >= 150 && r.y == 25 && r.height == 75);
+//!     let i = r.info;
+//!     assert!(i.x <= 50 && i.x + i.width >= 150 && i.y == 25 && i.height == 75);
 //!     assert!(w > 0 && h > 0);
 //! }
 //! ```
@@ -21,20 +22,12 @@
 /// Whether the libjpeg region decoder was built into this binary.
 pub const AVAILABLE: bool = cfg!(ff_libjpeg);
 
-/// A decoded region in scaled coordinates.
+/// A decoded region: where it sits, and its pixels.
 #[derive(Debug, Clone)]
 pub struct Region {
-    /// First column (scaled; aligned down to an iMCU boundary).
-    pub x: u32,
-    /// First row (scaled).
-    pub y: u32,
-    /// Columns delivered.
-    pub width: u32,
-    /// Rows delivered.
-    pub height: u32,
-    /// The scale used, in eighths (8 = full size).
-    pub num: u32,
-    /// RGB rows of `width × 3` bytes.
+    /// Position, size and scale.
+    pub info: RegionInfo,
+    /// RGB rows of `info.width × 3` bytes.
     pub data: Vec<u8>,
 }
 
@@ -141,16 +134,9 @@ pub fn decode_region(
 ) -> Result<Option<Region>, String> {
     let mut buf = Vec::new();
     Ok(
-        decode_region_into(bytes, num, fast, x, y, w, h, &mut buf)?.map(|i| {
-            buf.truncate(i.width as usize * i.height as usize * 3);
-            Region {
-                x: i.x,
-                y: i.y,
-                width: i.width,
-                height: i.height,
-                num: i.num,
-                data: buf,
-            }
+        decode_region_into(bytes, num, fast, x, y, w, h, &mut buf)?.map(|info| {
+            buf.truncate(info.width as usize * info.height as usize * 3);
+            Region { info, data: buf }
         }),
     )
 }

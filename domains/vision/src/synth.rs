@@ -159,7 +159,8 @@ pub fn jpeg(seed: u64, index: u64, quality: u8) -> Result<Vec<u8>, String> {
     encode_jpeg(&image(seed, index), quality)
 }
 
-/// Writes `count` JPEGs (q90) into `dir/class_XX/img_XXXXXX.jpg`, spread over
+/// Writes `count` JPEGs (q90) into `dir/<class>/img_<index>.jpg` (e.g.
+/// `class_03/img_000013.jpg`), spread over
 /// `threads` threads. The folder is written under a temporary name and
 /// renamed at the end, so an interrupted run leaves no half dataset.
 pub fn write_dataset(dir: &Path, count: u64, seed: u64, threads: usize) -> std::io::Result<()> {

@@ -43,6 +43,18 @@ pub struct CropBox {
     pub height: u32,
 }
 
+impl CropBox {
+    /// `(left, top, width, height)` as the resampler's region.
+    pub fn region(&self) -> (f64, f64, f64, f64) {
+        (
+            f64::from(self.left),
+            f64::from(self.top),
+            f64::from(self.width),
+            f64::from(self.height),
+        )
+    }
+}
+
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area
 /// fraction in `scale` and log-uniform aspect ratio in `ratio`, then the
 /// centre crop clamped to the ratio range.
@@ -273,13 +285,7 @@ impl Transform {
                 flip_p,
             } => {
                 let b = random_resized_crop_box(rng, img.width, img.height, scale, ratio);
-                let region = (
-                    f64::from(b.left),
-                    f64::from(b.top),
-                    f64::from(b.width),
-                    f64::from(b.height),
-                );
-                let mut out = resize_crop(img, region, size, size)?;
+                let mut out = resize_crop(img, b.region(), size, size)?;
                 if rng.random::<f64>() < flip_p {
                     out.flip_horizontal();
                 }
@@ -418,13 +424,7 @@ impl DecodeTransform {
             } => {
                 let b = random_resized_crop_box(rng, w, h, scale, ratio);
                 let flip = rng.random::<f64>() < flip_p;
-                let region = (
-                    f64::from(b.left),
-                    f64::from(b.top),
-                    f64::from(b.width),
-                    f64::from(b.height),
-                );
-                (region, size, size, flip)
+                (b.region(), size, size, flip)
             }
             Transform::Eval { resize, size } => {
                 let (region, ow, oh) = eval_region(w, h, resize, size);
