@@ -2,7 +2,7 @@
 //!
 //! Typed, threaded input pipelines that keep accelerators fed. This facade
 //! re-exports the engine ([`core`]), the generic stages ([`stages`]) and,
-//! behind features, the domain packs ([`vision`]).
+//! behind features, the domain packs ([`vision`], [`text`]).
 //!
 //! ```
 //! use ferrofeed::core::prelude::*;
@@ -15,5 +15,7 @@
 //! ```
 pub use ferrofeed_core as core;
 pub use ferrofeed_stages as stages;
+#[cfg(feature = "text")]
+pub use ferrofeed_text as text;
 #[cfg(feature = "vision")]
 pub use ferrofeed_vision as vision;

@@ -5,6 +5,7 @@
 //! ```
 mod report;
 mod run;
+mod text;
 mod vision;
 
 use std::path::PathBuf;
@@ -28,6 +29,8 @@ struct Cli {
 enum Cmd {
     /// Vision pipeline: ImageFolder (DIR/<class>/<file>) or WebDataset shards (*.tar).
     Vision(Box<vision::VisionArgs>),
+    /// Text pipeline: .txt/.jsonl lines → tokens → padded or packed batches.
+    Text(Box<text::TextArgs>),
     /// Pull one sample through every stage and print each stage's components.
     Inspect {
         #[command(subcommand)]
@@ -44,12 +47,16 @@ enum Cmd {
 enum InspectDomain {
     /// Inspect a vision sample.
     Vision(vision::InspectArgs),
+    /// Inspect a text sample.
+    Text(text::InspectArgs),
 }
 
 #[derive(Subcommand, Debug)]
 enum MakeDomain {
     /// ImageNet-like folder: 10 classes of ~500×375 JPEGs (q90).
     Vision(MakeArgs),
+    /// Lines of the embedded corpus in .txt and .jsonl files (1,000 lines each).
+    Text(MakeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -133,6 +140,21 @@ impl CommonArgs {
     }
 }
 
+/// Where embedded datasets and caches are written: `$FERROFEED_CACHE_DIR`,
+/// else `$XDG_CACHE_HOME/ferrofeed`, else `~/.cache/ferrofeed`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FERROFEED_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("ferrofeed");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".cache").join("ferrofeed");
+    }
+    std::env::temp_dir().join("ferrofeed-cache")
+}
+
 fn parse_workers(s: &str) -> Result<Parallelism, String> {
     match s.parse::<Parallelism>()? {
         Parallelism::Fixed(0) => Err("--workers must be at least 1".into()),
@@ -192,6 +214,13 @@ pub fn main() -> i32 {
     let result = match cli.cmd {
         None => vision::run(vision::VisionArgs::default_run()),
         Some(Cmd::Vision(a)) => vision::run(*a),
+        Some(Cmd::Text(a)) => text::run(*a),
+        Some(Cmd::Inspect {
+            domain: InspectDomain::Text(a),
+        }) => text::inspect(a),
+        Some(Cmd::MakeDataset {
+            domain: MakeDomain::Text(a),
+        }) => text::make_dataset(&a),
         Some(Cmd::Inspect {
             domain: InspectDomain::Vision(a),
         }) => vision::inspect(a),

@@ -35,6 +35,9 @@ pub struct Report {
     pub data_stall_seconds: f64,
     pub stages: Vec<StageReport>,
     pub bottleneck: Option<Bottleneck>,
+    /// Domain figures (text: tokens, padding waste…), printed as `key: value`.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
 }
 
 pub fn mib(b: u64) -> String {
@@ -81,6 +84,9 @@ pub fn print_table(r: &Report) {
         mib(r.max_bytes_in_flight),
         r.data_stall_seconds
     );
+    for (k, v) in &r.extra {
+        println!("{k}: {v}");
+    }
     if !r.skipped.is_empty() {
         println!("skipped {} samples:", r.skipped.len());
         for s in &r.skipped {

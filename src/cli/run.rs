@@ -4,6 +4,7 @@
 //! ```text
 //! ferrofeed vision DIR --epochs 2 --limit-batches 10 --dump out/
 //! ```
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -58,6 +59,31 @@ pub struct RunSpec<'a> {
     /// The dataset's samples in index order, for `--dump`.
     pub index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
     pub resources: &'a ferrofeed_core::resources::Resources,
+    /// Called after each epoch (text prints its padding waste).
+    pub epoch_end: &'a dyn Fn(u64),
+    /// Domain figures for the report, given the run's seconds.
+    pub extra: &'a dyn Fn(f64) -> BTreeMap<String, serde_json::Value>,
+}
+
+impl<'a> RunSpec<'a> {
+    /// A spec with no per-epoch hook and no extra figures.
+    pub fn new(
+        domain: &'static str,
+        pipeline: &'a Pipeline,
+        common: &'a CommonArgs,
+        index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
+        resources: &'a ferrofeed_core::resources::Resources,
+    ) -> Self {
+        RunSpec {
+            domain,
+            pipeline,
+            common,
+            index,
+            resources,
+            epoch_end: &|_| {},
+            extra: &|_| BTreeMap::new(),
+        }
+    }
 }
 
 /// Runs the epochs and reports.
@@ -156,6 +182,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         stall += it.summary().wait_seconds;
         last_state = it.state();
         drop(it);
+        (spec.epoch_end)(e);
         if stop {
             break 'epochs;
         }
@@ -200,6 +227,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         data_stall_seconds: stall,
         stages,
         bottleneck: p.bottleneck(),
+        extra: (spec.extra)(seconds),
     };
     print_table(&report);
     if let Some(path) = &c.report_json {

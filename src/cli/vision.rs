@@ -116,22 +116,9 @@ const TRACE_EVENTS: usize = 1_000_000;
 /// Size of the embedded default dataset.
 pub const DEFAULT_COUNT: u64 = 2048;
 
-fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("FERROFEED_CACHE_DIR") {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("ferrofeed");
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        return PathBuf::from(h).join(".cache").join("ferrofeed");
-    }
-    std::env::temp_dir().join("ferrofeed-cache")
-}
-
 /// The embedded default dataset, generated on first use.
 fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
-    let dir = cache_dir().join(format!("vision-synth-v3-seed0-n{DEFAULT_COUNT}"));
+    let dir = super::cache_dir().join(format!("vision-synth-v3-seed0-n{DEFAULT_COUNT}"));
     if !dir.is_dir() {
         if !quiet {
             eprintln!(
@@ -271,13 +258,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || index_entries(&ds);
-    run_epochs(RunSpec {
-        domain: "vision",
-        pipeline: &pipeline,
-        common: c,
-        index: &index,
-        resources: &resources,
-    })
+    run_epochs(RunSpec::new("vision", &pipeline, c, &index, &resources))
 }
 
 pub fn inspect(a: InspectArgs) -> Result<(), CliError> {

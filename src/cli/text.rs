@@ -1,0 +1,323 @@
+//! `ferrofeed text`, `inspect text` and `make-dataset text`.
+//!
+//! ```text
+//! ferrofeed text corpus/ --max-tokens 16384 --max-length 512
+//! ```
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use ferrofeed_core::{Parallelism, Pipeline, Source, StageOptions};
+use ferrofeed_text::{
+    CacheOptions, CorpusOptions, EmptyLines, PackCollate, PadCollate, PaddingStats, TextCorpus,
+    TextTokenizer, TokenBudget, TokenCache, Tokenize, Utf8Policy, EMBEDDED_CORPUS,
+};
+use serde_json::json;
+
+use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
+use super::{CommonArgs, MakeArgs};
+
+#[derive(Args, Debug, Clone)]
+pub struct TextOpts {
+    /// A HuggingFace tokenizer.json; default: the embedded BERT WordPiece.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Truncate to this many tokens (special tokens included).
+    #[arg(long, default_value_t = 512)]
+    pub max_length: usize,
+    /// Length bucketing: at most this many tokens per batch after padding
+    /// (N×L ≤ T); replaces --batch-size.
+    #[arg(long, value_name = "T")]
+    pub max_tokens: Option<usize>,
+    /// Pack sequences into rows of --max-length instead of padding.
+    #[arg(long)]
+    pub pack: bool,
+    /// Pad each batch to a multiple of this many tokens (e.g. 8).
+    #[arg(long, default_value_t = 1)]
+    pub pad_multiple: usize,
+    /// The JSON field holding the text in .jsonl files.
+    #[arg(long, default_value = "text")]
+    pub field: String,
+    /// Replace invalid UTF-8 with U+FFFD instead of failing the sample.
+    #[arg(long)]
+    pub lossy_utf8: bool,
+    /// Keep empty lines as (empty) samples instead of skipping and counting them.
+    #[arg(long)]
+    pub keep_empty: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TextArgs {
+    /// A .txt/.jsonl file or folder of them; default: the embedded corpus.
+    pub path: Option<PathBuf>,
+    #[command(flatten)]
+    pub text: TextOpts,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InspectArgs {
+    /// A .txt/.jsonl file or folder of them; default: the embedded corpus.
+    pub path: Option<PathBuf>,
+    /// Dataset index of the sample.
+    #[arg(long)]
+    pub index: u64,
+    #[command(flatten)]
+    pub text: TextOpts,
+}
+
+/// The embedded corpus, written to the cache folder on first use.
+fn default_corpus() -> Result<PathBuf, CliError> {
+    let dir = super::cache_dir().join("text-corpus-v1");
+    let path = dir.join("corpus.txt");
+    if std::fs::metadata(&path).ok().map(|m| m.len()) != Some(EMBEDDED_CORPUS.len() as u64) {
+        std::fs::create_dir_all(&dir).map_err(CliError::io(&dir))?;
+        let tmp = dir.join(format!("corpus.txt.tmp{}", std::process::id()));
+        std::fs::write(&tmp, EMBEDDED_CORPUS).map_err(CliError::io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(CliError::io(&path))?;
+    }
+    Ok(path)
+}
+
+fn open(path: &Option<PathBuf>, o: &TextOpts, cpus: usize) -> Result<TextCorpus, CliError> {
+    let path = match path {
+        Some(p) => p.clone(),
+        None => default_corpus()?,
+    };
+    let opts = CorpusOptions {
+        field: o.field.clone(),
+        utf8: if o.lossy_utf8 {
+            Utf8Policy::Lossy
+        } else {
+            Utf8Policy::Strict
+        },
+        empty: if o.keep_empty {
+            EmptyLines::Keep
+        } else {
+            EmptyLines::Skip
+        },
+        index_threads: cpus,
+    };
+    let corpus = TextCorpus::open(&path, &opts).map_err(|e| CliError::Usage(e.to_string()))?;
+    if corpus.is_empty() {
+        return Err(CliError::Usage(format!("{}: no samples", path.display())));
+    }
+    Ok(corpus)
+}
+
+fn tokenizer(o: &TextOpts) -> Result<TextTokenizer, CliError> {
+    match &o.tokenizer {
+        Some(p) => TextTokenizer::from_file(p, o.max_length),
+        None => TextTokenizer::embedded(o.max_length),
+    }
+    .map_err(|e| CliError::Usage(e.to_string()))
+}
+
+pub fn run(a: TextArgs) -> Result<(), CliError> {
+    let c = &a.common;
+    let o = &a.text;
+    let resources = ferrofeed_core::resources::Resources::detect();
+    for w in &resources.warnings {
+        tracing::warn!("{w}: falling back");
+    }
+    let cpus = resources.workers();
+    // Everything that can be refused is checked before any tokenization.
+    if o.max_tokens == Some(0) {
+        return Err(CliError::Usage("--max-tokens must be at least 1".into()));
+    }
+    let tok = tokenizer(o)?;
+    if let Some(path) = &c.trace {
+        std::fs::write(path, b"").map_err(CliError::io(path))?;
+    }
+    let corpus = Arc::new(open(&a.path, o, cpus)?);
+    let t0 = Instant::now();
+    let cache = TokenCache::build(
+        &corpus,
+        &tok,
+        &CacheOptions {
+            dir: Some(super::cache_dir().join("tokens")),
+            workers: c.workers,
+            cpus: Some(cpus),
+            on_error: c.on_error,
+        },
+    )
+    .map_err(|e| CliError::Usage(e.to_string()))?;
+    let tokenize_seconds = t0.elapsed().as_secs_f64();
+    if !c.quiet {
+        eprintln!(
+            "{} {} samples ({} tokens) in {:.2} s{}",
+            if cache.was_loaded() {
+                "token cache loaded:"
+            } else {
+                "tokenized"
+            },
+            cache.len(),
+            cache.total_tokens(),
+            tokenize_seconds,
+            match cache.truncated() {
+                0 => String::new(),
+                n => format!(", {n} truncated to {} tokens", o.max_length),
+            }
+        );
+    }
+    let cache_state = if cache.was_loaded() {
+        "loaded"
+    } else {
+        "built"
+    };
+    let truncated = cache.truncated();
+    let lengths = cache.lengths();
+    let mut b = Pipeline::builder(cache)
+        .shuffle(c.shuffle)
+        .seed(c.seed)
+        .drop_last(c.drop_last)
+        .shard(c.shard()?)
+        .on_error(c.on_error)
+        .cpus(cpus)
+        .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()));
+    let mut expected_waste = None;
+    if let Some(t) = o.max_tokens {
+        let sampler = TokenBudget::new(lengths, t)
+            .and_then(|s| s.pad_multiple(o.pad_multiple))
+            .and_then(|s| s.packing(o.pack))
+            .map_err(|e| CliError::Usage(e.to_string()))?
+            .shuffle(c.shuffle)
+            .drop_last(c.drop_last);
+        expected_waste = Some(sampler.padding_waste(c.seed, 0));
+        b = b.batch_sampler(sampler);
+    } else {
+        b = b.batch_size(c.batch_size);
+    }
+    let stats: Arc<PaddingStats> = if o.pack {
+        let col = PackCollate::new(o.max_length, tok.eos_id(), tok.pad_id());
+        let s = col.stats();
+        b = b.collate(col);
+        s
+    } else {
+        let col = PadCollate::new(tok.pad_id()).pad_to_multiple_of(o.pad_multiple);
+        let s = col.stats();
+        b = b.collate(col);
+        s
+    };
+    if c.trace.is_some() {
+        b = b.trace(1_000_000);
+    }
+    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let index = || {
+        Ok((0..corpus.len())
+            .map(|i| IndexEntry {
+                index: i,
+                path: corpus.key(i).unwrap_or_default(),
+                label: None,
+            })
+            .collect())
+    };
+    let seen = Cell::new((0u64, 0u64));
+    let epoch_end = |e: u64| {
+        let (r0, p0) = seen.get();
+        let (r, p) = (stats.real_tokens(), stats.pad_tokens());
+        seen.set((r, p));
+        let (dr, dp) = (r - r0, p - p0);
+        if !c.quiet && dr + dp > 0 {
+            eprintln!(
+                "epoch {e}: {dr} tokens, {dp} padding — padding waste {:.2}%",
+                100.0 * dp as f64 / (dr + dp) as f64
+            );
+        }
+    };
+    let extra = |seconds: f64| {
+        let mut m = BTreeMap::new();
+        m.insert("tokens".to_string(), json!(stats.real_tokens()));
+        m.insert("pad_tokens".to_string(), json!(stats.pad_tokens()));
+        m.insert("padding_waste".to_string(), json!(stats.waste()));
+        if let Some(w) = expected_waste {
+            m.insert("planned_padding_waste_epoch0".to_string(), json!(w));
+        }
+        m.insert("tokenize_seconds".to_string(), json!(tokenize_seconds));
+        m.insert(
+            "tokens_per_s".to_string(),
+            json!(stats.real_tokens() as f64 / (seconds + tokenize_seconds).max(1e-9)),
+        );
+        m.insert("token_cache".to_string(), json!(cache_state));
+        m.insert("truncated".to_string(), json!(truncated));
+        m.insert(
+            "empty_lines_skipped".to_string(),
+            json!(corpus.empty_lines_skipped()),
+        );
+        m
+    };
+    let mut spec = RunSpec::new("text", &pipeline, c, &index, &resources);
+    spec.epoch_end = &epoch_end;
+    spec.extra = &extra;
+    run_epochs(spec)
+}
+
+pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
+    let o = &a.text;
+    let tok = tokenizer(o)?;
+    let corpus = open(&a.path, o, 1)?;
+    let collate = if o.pack {
+        None
+    } else {
+        Some(PadCollate::new(tok.pad_id()).pad_to_multiple_of(o.pad_multiple))
+    };
+    let b = Pipeline::builder(corpus).stage_with(
+        "tokenize",
+        StageOptions::new().workers(Parallelism::Fixed(1)),
+        Tokenize::new(tok.clone()),
+    );
+    let b = match collate {
+        Some(col) => b.collate(col),
+        None => b.collate(PackCollate::new(o.max_length, tok.eos_id(), tok.pad_id())),
+    };
+    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let report = pipeline.inspect(a.index, 0)?;
+    print!("{report}");
+    Ok(())
+}
+
+pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
+    if a.count == 0 {
+        return Err(CliError::Usage("--count must be at least 1".into()));
+    }
+    let lines: Vec<&str> = std::str::from_utf8(EMBEDDED_CORPUS)
+        .map_err(|e| CliError::Usage(e.to_string()))?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    std::fs::create_dir_all(&a.dir).map_err(CliError::io(&a.dir))?;
+    let mut rng =
+        ferrofeed_core::rng::sample_rng(ferrofeed_core::rng::derive_seed(&[a.seed, 0x54]));
+    const PER_FILE: u64 = 1000;
+    let files = a.count.div_ceil(PER_FILE);
+    for f in 0..files {
+        let n = PER_FILE.min(a.count - f * PER_FILE);
+        let jsonl = f % 2 == 1;
+        let mut out = String::new();
+        for _ in 0..n {
+            use rand::Rng;
+            let line = lines[rng.random_range(0..lines.len())];
+            if jsonl {
+                out.push_str(&json!({ "text": line }).to_string());
+            } else {
+                out.push_str(line);
+            }
+            out.push('\n');
+        }
+        let path = a.dir.join(format!(
+            "part-{f:05}.{}",
+            if jsonl { "jsonl" } else { "txt" }
+        ));
+        std::fs::write(&path, out).map_err(CliError::io(&path))?;
+    }
+    println!(
+        "wrote {} lines in {files} files (.txt and .jsonl, field `text`) to {}",
+        a.count,
+        a.dir.display()
+    );
+    Ok(())
+}
