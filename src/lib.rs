@@ -2,7 +2,7 @@
 //!
 //! Typed, threaded input pipelines that keep accelerators fed. This facade
 //! re-exports the engine ([`core`]), the generic stages ([`stages`]) and,
-//! behind features, the domain packs ([`vision`], [`text`]).
+//! behind features, the domain packs ([`vision`], [`text`], [`audio`]).
 //!
 //! ```
 //! use ferrofeed::core::prelude::*;
@@ -13,6 +13,8 @@
 //!     .unwrap();
 //! assert_eq!(p.epoch(0).count(), 2);
 //! ```
+#[cfg(feature = "audio")]
+pub use ferrofeed_audio as audio;
 pub use ferrofeed_core as core;
 pub use ferrofeed_stages as stages;
 #[cfg(feature = "text")]

@@ -89,6 +89,7 @@ pub struct PipelineBuilder {
     fuse: bool,
     shard: Shard,
     shuffle_buffer: usize,
+    interleave: usize,
     batch_stages: Vec<(String, Box<dyn BatchStage>)>,
     trace_max: Option<usize>,
     metrics: bool,
@@ -129,6 +130,7 @@ impl PipelineBuilder {
             fuse: true,
             shard: Shard::single(),
             shuffle_buffer: 0,
+            interleave: 1,
             batch_stages: Vec::new(),
             trace_max: None,
             metrics: true,
@@ -280,6 +282,16 @@ impl PipelineBuilder {
         self.shuffle_buffer = items;
         self
     }
+    /// For iterable sources: read `shards` shards together, one item from
+    /// each in turn, so a batch mixes them (tf.data's `interleave`; default
+    /// 1). Groups are consecutive runs of the epoch's shard order, so they
+    /// change from epoch to epoch when shuffling; a group's shuffle buffer
+    /// holds items of all its shards. Use it when shards are small (audio
+    /// files of a few chunks) and batches should not end at every shard.
+    pub fn interleave(mut self, shards: usize) -> Self {
+        self.interleave = shards.max(1);
+        self
+    }
 
     /// Checks the plan and starts the worker pools.
     pub fn build(self) -> Result<Pipeline, BuildError> {
@@ -365,6 +377,7 @@ impl PipelineBuilder {
                 batch_stages: self.batch_stages,
                 shard: self.shard,
                 shuffle_buffer: self.shuffle_buffer,
+                interleave: self.interleave.max(1),
                 seed: self.seed,
                 policy: self.policy,
                 ordered: self.ordered,

@@ -56,25 +56,72 @@ pub(crate) struct StageNode {
 type KeyFn = Box<dyn Fn(u64) -> Option<String> + Send + Sync>;
 
 /// Reads a shard of an iterable source a part (at most one batch) at a time.
-pub(crate) trait ShardReader: Send {
+pub(crate) trait ShardReader: Send + 'static {
     /// Up to `max` items as a table, the items that failed, and whether the
     /// shard is exhausted.
     fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool);
+    /// Takes over the streams of `other` (a reader of the same source,
+    /// from [`into_any`](Self::into_any)), to read them interleaved.
+    fn merge(&mut self, other: Box<dyn std::any::Any + Send>);
+    /// This reader, type-erased, for [`merge`](Self::merge).
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
 }
 
-struct StreamReader<O> {
+/// One open shard of a [`StreamReader`].
+struct Stream<O> {
     it: crate::source::ShardIter<O>,
     shard: usize,
     pos: u64,
+    exhausted: bool,
+}
+
+/// Reads one shard, or several interleaved item by item (round robin), so
+/// that a part holds items of every shard of its group.
+struct StreamReader<O> {
+    streams: Vec<Stream<O>>,
+    /// The stream the next item is read from.
+    turn: usize,
     /// Bounded shuffle buffer: items wait here and leave in a random order
-    /// drawn from `(seed, epoch, shard)`, whichever worker reads the shard.
+    /// drawn from `(seed, epoch, first shard)`, whichever worker reads them.
     buffer: Vec<(u64, O)>,
     capacity: usize,
     rng: crate::rng::SampleRng,
     exhausted: bool,
 }
 
+impl<O> StreamReader<O> {
+    /// The next item of the next live stream (`None` once all are done).
+    fn pull(&mut self) -> Option<(u64, Result<O, BoxError>)> {
+        let n = self.streams.len();
+        for _ in 0..n {
+            let k = self.turn % n;
+            self.turn = (k + 1) % n;
+            let s = &mut self.streams[k];
+            if s.exhausted {
+                continue;
+            }
+            let i = stream_index(s.shard, s.pos);
+            match s.it.next() {
+                None => s.exhausted = true,
+                Some(r) => {
+                    s.pos += 1;
+                    return Some((i, r));
+                }
+            }
+        }
+        None
+    }
+}
+
 impl<O: ComponentSet> ShardReader for StreamReader<O> {
+    fn merge(&mut self, other: Box<dyn std::any::Any + Send>) {
+        if let Ok(o) = other.downcast::<StreamReader<O>>() {
+            self.streams.extend(o.streams);
+        }
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
     fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool) {
         use rand::Rng;
         let mut idx = Vec::with_capacity(max);
@@ -83,12 +130,10 @@ impl<O: ComponentSet> ShardReader for StreamReader<O> {
         while idx.len() < max {
             // Fill the buffer (errors pass straight through).
             while !self.exhausted && self.buffer.len() < self.capacity.max(1) {
-                let i = stream_index(self.shard, self.pos);
-                self.pos += 1;
-                match self.it.next() {
+                match self.pull() {
                     None => self.exhausted = true,
-                    Some(Ok(o)) => self.buffer.push((i, o)),
-                    Some(Err(e)) => errs.push((i, e)),
+                    Some((i, Ok(o))) => self.buffer.push((i, o)),
+                    Some((i, Err(e))) => errs.push((i, e)),
                 }
             }
             if self.buffer.is_empty() {
@@ -162,9 +207,13 @@ impl ErasedSource {
             open: Box::new(move |shard, capacity, seed| {
                 let it = source.open(shard)?;
                 Ok(Box::new(StreamReader {
-                    it,
-                    shard,
-                    pos: 0,
+                    streams: vec![Stream {
+                        it,
+                        shard,
+                        pos: 0,
+                        exhausted: false,
+                    }],
+                    turn: 0,
                     buffer: Vec::with_capacity(capacity.min(1 << 16)),
                     capacity,
                     rng: crate::rng::sample_rng(seed),
@@ -189,6 +238,9 @@ pub(crate) struct Config {
     pub batch_stages: Vec<(String, Box<dyn crate::collate::BatchStage>)>,
     pub shard: Shard,
     pub shuffle_buffer: usize,
+    /// Shards of an iterable source read together, item by item, into the
+    /// same parts (1: one shard at a time).
+    pub interleave: usize,
     pub seed: u64,
     pub policy: ErrorPolicy,
     pub ordered: bool,
@@ -318,9 +370,12 @@ enum Work {
         plan: EpochPlan,
     },
     Iter {
-        /// Shard read at each position of this rank's epoch.
+        /// Shard read at each position of this rank's epoch; position group
+        /// `t` is `order[t × interleave ..][.. interleave]`.
         order: Vec<usize>,
-        /// Parts of the first shard already delivered (resume).
+        /// Shards per group.
+        interleave: usize,
+        /// Parts of the first group already delivered (resume).
         skip_parts: u64,
     },
 }
@@ -329,7 +384,9 @@ impl Work {
     fn majors(&self) -> u64 {
         match self {
             Work::Map { plan } => plan.num_batches() as u64,
-            Work::Iter { order, .. } => order.len() as u64,
+            Work::Iter {
+                order, interleave, ..
+            } => order.len().div_ceil((*interleave).max(1)) as u64,
         }
     }
 }
@@ -589,7 +646,11 @@ impl Worker {
         if self.seg == 0 {
             match &run.work {
                 Work::Map { plan } => self.run_map_source(job, plan),
-                Work::Iter { order, skip_parts } => self.run_iter_source(job, order, *skip_parts),
+                Work::Iter {
+                    order,
+                    interleave,
+                    skip_parts,
+                } => self.run_iter_source(job, order, *interleave, *skip_parts),
             }
         } else if let Some(input) = &job.input {
             let first = self.shared.segments[self.seg].stages.start + 1;
@@ -799,7 +860,7 @@ impl Worker {
         }
     }
 
-    fn run_iter_source(&mut self, job: &Job, order: &[usize], skip_parts: u64) {
+    fn run_iter_source(&mut self, job: &Job, order: &[usize], group: usize, skip_parts: u64) {
         let first = job.run.start.0;
         let run = &job.run;
         let shared = Arc::clone(&self.shared);
@@ -813,44 +874,55 @@ impl Worker {
                 return;
             }
             let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
-            if t >= order.len() as u64 || !self.admit(run, t, 1) {
+            let g = group.max(1);
+            if t >= order.len().div_ceil(g) as u64 || !self.admit(run, t, 1) {
                 return;
             }
-            let shard = order[t as usize];
+            let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
-            let mut reader = None;
-            for attempt in 0..=policy.attempts() {
-                let seed = crate::rng::derive_seed(&[
-                    shared.cfg.seed,
-                    run.epoch,
-                    shard as u64,
-                    0x5342_5546,
-                ]);
-                match open(shard, shared.cfg.shuffle_buffer, seed) {
-                    Ok(r) => {
-                        reader = Some(r);
-                        break;
-                    }
-                    Err(e) => {
-                        self.stats.errors[0] += 1;
-                        if attempt < policy.attempts() {
-                            log.retries += 1;
-                            self.stats.retries[0] += 1;
-                            std::thread::sleep(policy.backoff(attempt + 1));
-                            continue;
+            let mut reader: Option<Box<dyn ShardReader>> = None;
+            // The group's shuffle buffer is seeded by its first shard.
+            let seed = crate::rng::derive_seed(&[
+                shared.cfg.seed,
+                run.epoch,
+                shards[0] as u64,
+                0x5342_5546,
+            ]);
+            for &shard in shards {
+                for attempt in 0..=policy.attempts() {
+                    match open(shard, shared.cfg.shuffle_buffer, seed) {
+                        Ok(r) => {
+                            match &mut reader {
+                                Some(base) => base.merge(r.into_any()),
+                                None => reader = Some(r),
+                            }
+                            break;
                         }
-                        let mut err = SampleError::from_box(None, Some(key(shard)), "source", &e);
-                        err.attempts = attempt + 1;
-                        if policy.skips() {
-                            self.stats.skipped[0] += 1;
-                            log.skipped.push(err);
-                        } else {
-                            log.fail = Some(err);
+                        Err(e) => {
+                            self.stats.errors[0] += 1;
+                            if attempt < policy.attempts() {
+                                log.retries += 1;
+                                self.stats.retries[0] += 1;
+                                std::thread::sleep(policy.backoff(attempt + 1));
+                                continue;
+                            }
+                            let mut err =
+                                SampleError::from_box(None, Some(key(shard)), "source", &e);
+                            err.attempts = attempt + 1;
+                            if policy.skips() {
+                                self.stats.skipped[0] += 1;
+                                log.skipped.push(err);
+                            } else {
+                                log.fail = Some(err);
+                            }
                         }
                     }
                 }
+                if log.fail.is_some() {
+                    break;
+                }
             }
-            let Some(mut reader) = reader else {
+            let Some(mut reader) = reader.filter(|_| log.fail.is_none()) else {
                 let msg = TaskMsg {
                     key: Key { major: t, minor: 0 },
                     next_major: t + 1,
@@ -1374,6 +1446,7 @@ impl Pipeline {
             }
             ErasedSource::Iter { .. } => Work::Iter {
                 order: self.shard_order(epoch).unwrap_or_default(),
+                interleave: self.shared.cfg.interleave.max(1),
                 skip_parts: begin.1,
             },
         };

@@ -575,3 +575,95 @@ fn iterable_shard_errors_follow_the_policy() {
     assert_eq!(s.skipped.len(), 1);
     assert_eq!(s.skipped[0].path.as_deref(), Some("shard-2"));
 }
+
+#[test]
+fn interleaved_shards_fill_batches_across_shards() {
+    let build = |workers: usize, broken: Option<usize>, policy: ErrorPolicy| {
+        Pipeline::builder_iterable(Ranges {
+            shards: 10,
+            per: 3,
+            broken,
+        })
+        .map_with(
+            "id",
+            StageOptions::new().workers(Parallelism::Fixed(workers)),
+            |v: Val, _: &StageCtx| Ok::<_, BoxError>(v),
+        )
+        .interleave(4)
+        .shuffle(true)
+        .shuffle_buffer(5)
+        .seed(11)
+        .batch_size(8)
+        .on_error(policy)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap()
+    };
+    let batches = |p: &Pipeline| -> Vec<Vec<i64>> {
+        p.epoch(0)
+            .map(|b| {
+                b.unwrap()
+                    .get("v")
+                    .unwrap()
+                    .as_slice::<i64>()
+                    .unwrap()
+                    .to_vec()
+            })
+            .collect()
+    };
+    let p = build(2, None, ErrorPolicy::Fail);
+    let got = batches(&p);
+    // Groups of 4, 4 and 2 shards: 12, 12 and 6 items → batches 8+4, 8+4, 6.
+    let sizes: Vec<usize> = got.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [8, 4, 8, 4, 6]);
+    let shards_in_first: std::collections::HashSet<i64> = got[0].iter().map(|v| v / 3).collect();
+    assert!(
+        shards_in_first.len() >= 3,
+        "a batch mixes shards: {:?}",
+        got[0]
+    );
+    let mut all: Vec<i64> = got.concat();
+    all.sort();
+    assert_eq!(all, (0..30).collect::<Vec<_>>(), "every item once");
+    for workers in [1, 5] {
+        assert_eq!(
+            batches(&build(workers, None, ErrorPolicy::Fail)),
+            got,
+            "workers {workers}"
+        );
+    }
+    // Stopped after three batches and resumed: the rest, exactly.
+    let mut it = p.epoch(0);
+    for _ in 0..3 {
+        it.next().unwrap().unwrap();
+    }
+    let state = it.state();
+    drop(it);
+    let rest: Vec<Vec<i64>> = p
+        .resume(&state)
+        .unwrap()
+        .map(|b| {
+            b.unwrap()
+                .get("v")
+                .unwrap()
+                .as_slice::<i64>()
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(rest, got[3..]);
+    // A shard that cannot be opened is skipped and named; its group goes on.
+    let p = build(2, Some(2), ErrorPolicy::Skip);
+    let n: usize = batches(&p).iter().map(Vec::len).sum();
+    assert_eq!(n, 27);
+    assert_eq!(
+        p.last_summary().unwrap().skipped[0].path.as_deref(),
+        Some("shard-2")
+    );
+    let p = build(2, Some(2), ErrorPolicy::Fail);
+    let e = p
+        .epoch(0)
+        .find_map(Result::err)
+        .expect("the broken shard fails the epoch");
+    assert!(e.to_string().contains("shard-2"), "{e}");
+}

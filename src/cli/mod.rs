@@ -3,6 +3,7 @@
 //! ```text
 //! ferrofeed vision DIR --epochs 2 --report-json run.json --dump out/
 //! ```
+mod audio;
 mod report;
 mod run;
 mod text;
@@ -31,6 +32,8 @@ enum Cmd {
     Vision(Box<vision::VisionArgs>),
     /// Text pipeline: .txt/.jsonl lines → tokens → padded or packed batches.
     Text(Box<text::TextArgs>),
+    /// Audio pipeline: files → streamed chunks → spectrogram / mel / log-mel.
+    Audio(Box<audio::AudioArgs>),
     /// Pull one sample through every stage and print each stage's components.
     Inspect {
         #[command(subcommand)]
@@ -49,6 +52,8 @@ enum InspectDomain {
     Vision(vision::InspectArgs),
     /// Inspect a text sample.
     Text(text::InspectArgs),
+    /// Inspect an audio chunk.
+    Audio(audio::InspectArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -57,6 +62,8 @@ enum MakeDomain {
     Vision(MakeArgs),
     /// Lines of the embedded corpus in .txt and .jsonl files (1,000 lines each).
     Text(MakeArgs),
+    /// Tones, chirps and noise as wav/flac files of varied lengths and rates.
+    Audio(audio::MakeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -215,6 +222,13 @@ pub fn main() -> i32 {
         None => vision::run(vision::VisionArgs::default_run()),
         Some(Cmd::Vision(a)) => vision::run(*a),
         Some(Cmd::Text(a)) => text::run(*a),
+        Some(Cmd::Audio(a)) => audio::run(*a),
+        Some(Cmd::Inspect {
+            domain: InspectDomain::Audio(a),
+        }) => audio::inspect(a),
+        Some(Cmd::MakeDataset {
+            domain: MakeDomain::Audio(a),
+        }) => audio::make_dataset(&a),
         Some(Cmd::Inspect {
             domain: InspectDomain::Text(a),
         }) => text::inspect(a),

@@ -1,0 +1,218 @@
+//! Streaming decode with `symphonia`: packets become mono `f32` blocks as
+//! they are read, so a file is never held whole in memory.
+//!
+//! Channels are mixed to mono by their mean. Refused with an error naming the
+//! file: an empty file, an unknown container or codec, a missing or absurd
+//! sample rate (outside 1 Hz–768 kHz), a corrupt packet, and — unless
+//! [`NonFinite::Zero`] is chosen — NaN or infinite samples (possible in
+//! float WAV).
+//!
+//! ```no_run
+//! use ferrofeed_audio::decode::{DecodeOptions, Decoded};
+//! let mut d = Decoded::open("speech.flac".as_ref(), &DecodeOptions::default()).unwrap();
+//! println!("{} Hz", d.sample_rate());
+//! while let Some(block) = d.next_block().unwrap() {
+//!     println!("{} samples", block.len());
+//! }
+//! ```
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use symphonia::core::codecs::audio::{AudioDecoder, AudioDecoderOptions};
+use symphonia::core::errors::Error as SymError;
+use symphonia::core::formats::probe::Hint;
+use symphonia::core::formats::{FormatOptions, FormatReader, TrackType};
+use symphonia::core::io::MediaSourceStream;
+use symphonia::core::meta::MetadataOptions;
+
+use crate::AudioError;
+
+/// Highest sample rate accepted from a header.
+pub const MAX_SAMPLE_RATE: u32 = 768_000;
+
+/// What to do with NaN or infinite samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NonFinite {
+    /// The file fails with an error naming the sample's position.
+    #[default]
+    Error,
+    /// They become 0.0 (counted in [`Decoded::sanitized`]).
+    Zero,
+}
+
+/// Decoding options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecodeOptions {
+    /// NaN/Inf handling.
+    pub non_finite: NonFinite,
+}
+
+/// An open file, decoded packet by packet.
+pub struct Decoded {
+    path: PathBuf,
+    format: Box<dyn FormatReader>,
+    decoder: Box<dyn AudioDecoder>,
+    track: u32,
+    rate: u32,
+    channels: usize,
+    frames: Option<u64>,
+    interleaved: Vec<f32>,
+    position: u64,
+    sanitized: u64,
+    opts: DecodeOptions,
+}
+
+impl Decoded {
+    /// Opens `path` and reads its header.
+    pub fn open(path: &Path, opts: &DecodeOptions) -> Result<Decoded, AudioError> {
+        let err = |m: String| AudioError::Decode {
+            path: path.to_path_buf(),
+            message: m,
+        };
+        let file = File::open(path).map_err(|e| err(e.to_string()))?;
+        let len = file.metadata().map_err(|e| err(e.to_string()))?.len();
+        if len == 0 {
+            return Err(err("empty file".into()));
+        }
+        let mss = MediaSourceStream::new(Box::new(file), Default::default());
+        let mut hint = Hint::new();
+        if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+            hint.with_extension(ext);
+        }
+        let format = symphonia::default::get_probe()
+            .probe(
+                &hint,
+                mss,
+                FormatOptions::default(),
+                MetadataOptions::default(),
+            )
+            .map_err(|e| err(format!("unrecognised audio container: {e}")))?;
+        let track = format
+            .default_track(TrackType::Audio)
+            .ok_or_else(|| err("no audio track".into()))?;
+        let params = track
+            .codec_params
+            .as_ref()
+            .and_then(|p| p.audio())
+            .ok_or_else(|| err("no audio codec parameters".into()))?;
+        let rate = params
+            .sample_rate
+            .ok_or_else(|| err("the header gives no sample rate".into()))?;
+        if rate == 0 || rate > MAX_SAMPLE_RATE {
+            return Err(err(format!(
+                "the header claims a sample rate of {rate} Hz (accepted: 1 Hz to {MAX_SAMPLE_RATE} Hz)"
+            )));
+        }
+        let channels = params.channels.as_ref().map_or(1, |c| c.count()).max(1);
+        let decoder = symphonia::default::get_codecs()
+            .make_audio_decoder(params, &AudioDecoderOptions::default())
+            .map_err(|e| err(format!("unsupported codec: {e}")))?;
+        let track_id = track.id;
+        let frames = track.num_frames;
+        Ok(Decoded {
+            path: path.to_path_buf(),
+            format,
+            decoder,
+            track: track_id,
+            rate,
+            channels,
+            frames,
+            interleaved: Vec::new(),
+            position: 0,
+            sanitized: 0,
+            opts: *opts,
+        })
+    }
+
+    /// The file's sample rate.
+    pub fn sample_rate(&self) -> u32 {
+        self.rate
+    }
+    /// The file's channel count (mixed to mono on output).
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+    /// Frames the header announces, when it does.
+    pub fn frames_hint(&self) -> Option<u64> {
+        self.frames
+    }
+    /// NaN/Inf samples replaced so far.
+    pub fn sanitized(&self) -> u64 {
+        self.sanitized
+    }
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The next block of mono samples; `None` at the end.
+    pub fn next_block(&mut self) -> Result<Option<Vec<f32>>, AudioError> {
+        let err = |m: String| AudioError::Decode {
+            path: self.path.clone(),
+            message: m,
+        };
+        loop {
+            let packet = match self.format.next_packet() {
+                Ok(Some(p)) => p,
+                Ok(None) => return Ok(None),
+                // A stream cut short ends where it is cut: what decoded is kept.
+                Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Ok(None)
+                }
+                Err(e) => return Err(err(format!("after {} samples: {e}", self.position))),
+            };
+            if packet.track_id != self.track {
+                continue;
+            }
+            let buf = match self.decoder.decode(&packet) {
+                Ok(b) => b,
+                Err(e) => {
+                    return Err(AudioError::Decode {
+                        path: self.path.clone(),
+                        message: format!("corrupt data after {} samples: {e}", self.position),
+                    })
+                }
+            };
+            let ch = buf.spec().channels().count().max(1);
+            let mut mono = Vec::new();
+            if ch == 1 {
+                buf.copy_to_vec_interleaved(&mut mono);
+            } else {
+                buf.copy_to_vec_interleaved(&mut self.interleaved);
+                mono.reserve(self.interleaved.len() / ch);
+                let inv = 1.0 / ch as f32;
+                mono.extend(
+                    self.interleaved
+                        .chunks_exact(ch)
+                        .map(|f| f.iter().sum::<f32>() * inv),
+                );
+            }
+            if let Some(i) = mono.iter().position(|x| !x.is_finite()) {
+                match self.opts.non_finite {
+                    NonFinite::Error => {
+                        return Err(AudioError::Decode {
+                            path: self.path.clone(),
+                            message: format!(
+                            "sample {} is {} (decode with non-finite samples zeroed to accept it)",
+                            self.position + i as u64,
+                            mono[i]
+                        ),
+                        })
+                    }
+                    NonFinite::Zero => {
+                        for x in &mut mono[i..] {
+                            if !x.is_finite() {
+                                *x = 0.0;
+                                self.sanitized += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            self.position += mono.len() as u64;
+            if !mono.is_empty() {
+                return Ok(Some(mono));
+            }
+        }
+    }
+}

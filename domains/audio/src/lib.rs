@@ -1,0 +1,51 @@
+//! # ferrofeed-audio
+//!
+//! The audio pack: files decoded with `symphonia` packet by packet (wav,
+//! flac, mp3, ogg/vorbis), mixed to mono, resampled with `rubato` when their
+//! rate differs, cut into fixed-length overlapping chunks as they stream,
+//! then STFT / mel / log-mel features with librosa's conventions.
+//!
+//! ```no_run
+//! use ferrofeed_audio::*;
+//! use ferrofeed_core::prelude::*;
+//! let files = AudioFiles::scan("audio/".as_ref(), StreamOptions::default()).unwrap();
+//! let pipeline = Pipeline::builder_iterable(files)
+//!     .stage("logmel", FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap())
+//!     .batch_size(32)
+//!     .collate(FeatureCollate)
+//!     .build()
+//!     .unwrap();
+//! for batch in pipeline.epoch(0) {
+//!     let b = batch.unwrap(); // features f32 [32, 80, 1001], lengths, chunk_starts
+//! }
+//! ```
+#![warn(missing_docs)]
+
+pub mod decode;
+pub mod features;
+pub mod stage;
+pub mod stream;
+pub mod synth;
+
+use std::path::PathBuf;
+
+pub use decode::{DecodeOptions, NonFinite};
+pub use features::{FeatureConfig, FeatureExtractor, FeatureKind, Features};
+pub use stage::{ChunkFeatures, FeatureCollate, FeatureStage};
+pub use stream::{AudioChunk, AudioFiles, ChunkSpec, StreamOptions, AUDIO_EXTENSIONS};
+
+/// Audio pack errors.
+#[derive(Debug, thiserror::Error)]
+pub enum AudioError {
+    /// A file that cannot be decoded.
+    #[error("decode {path}: {message}")]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// Unusable settings.
+    #[error("{0}")]
+    Config(String),
+}

@@ -1,0 +1,146 @@
+//! The feature stage and the collate.
+//!
+//! [`FeatureStage`] turns an [`AudioChunk`] into [`ChunkFeatures`] with one
+//! shared [`FeatureExtractor`] (FFT plan and filterbank built once).
+//! [`FeatureCollate`] stacks them: `features` f32 `[N, bins, frames]`,
+//! `lengths` i64 `[N]` (valid frames: `1 + valid_samples / hop`, or valid
+//! samples for waveforms) and `chunk_starts` i64 `[N]`.
+//!
+//! ```
+//! use ferrofeed_audio::{AudioChunk, FeatureConfig, FeatureKind, FeatureStage};
+//! use ferrofeed_core::{Stage, StageCtx};
+//! let stage = FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap();
+//! let chunk = AudioChunk { samples: vec![0.1; 16000], valid: 8000, start: 0, sample_rate: 16000 };
+//! let stop = std::sync::atomic::AtomicBool::new(false);
+//! let f = stage.process(chunk, &StageCtx::detached(0, 0, 0, &stop)).unwrap();
+//! assert_eq!((f.features.bins, f.features.frames, f.valid), (80, 101, 51));
+//! ```
+use std::sync::Arc;
+
+use ferrofeed_core::table::BatchRows;
+use ferrofeed_core::{
+    Batch, BoxError, Collate, CollateError, Component, ComponentId, DType, Stage, StageCtx, Tensor,
+};
+
+use crate::features::{FeatureConfig, FeatureExtractor, FeatureKind, Features};
+use crate::stream::AudioChunk;
+use crate::AudioError;
+
+/// The features of one chunk.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkFeatures {
+    /// `[bins, frames]`.
+    pub features: Features,
+    /// Frames (or samples, for waveforms) computed from real audio.
+    pub valid: usize,
+    /// First sample of the chunk in its file.
+    pub start: u64,
+}
+
+impl Component for ChunkFeatures {
+    fn nbytes(&self) -> usize {
+        self.features.data.len() * 4 + 24
+    }
+    fn describe(&self) -> String {
+        let (lo, hi) = self
+            .features
+            .data
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            });
+        format!(
+            "[{} × {}] ({} valid) from sample {}, range {lo:.2}..{hi:.2}",
+            self.features.bins, self.features.frames, self.valid, self.start
+        )
+    }
+}
+
+/// The stage `AudioChunk → ChunkFeatures`.
+#[derive(Debug, Clone)]
+pub struct FeatureStage {
+    fx: Arc<FeatureExtractor>,
+    kind: FeatureKind,
+}
+
+impl FeatureStage {
+    /// Plans the FFT and the filterbank once.
+    pub fn new(cfg: FeatureConfig, kind: FeatureKind) -> Result<Self, AudioError> {
+        Ok(FeatureStage {
+            fx: Arc::new(FeatureExtractor::new(cfg)?),
+            kind,
+        })
+    }
+}
+
+impl Stage for FeatureStage {
+    type In = AudioChunk;
+    type Out = ChunkFeatures;
+    fn process(&self, c: AudioChunk, _ctx: &StageCtx) -> Result<ChunkFeatures, BoxError> {
+        let rate = self.fx.config().sample_rate;
+        if c.sample_rate != rate {
+            return Err(format!(
+                "chunk at {} Hz, features configured for {rate} Hz",
+                c.sample_rate
+            )
+            .into());
+        }
+        let features = self.fx.compute(&c.samples, self.kind);
+        let valid = match self.kind {
+            FeatureKind::Waveform => c.valid,
+            _ => self.fx.frames(c.valid).min(features.frames),
+        };
+        Ok(ChunkFeatures {
+            features,
+            valid,
+            start: c.start,
+        })
+    }
+}
+
+/// Stacks [`ChunkFeatures`] into `features`, `lengths`, `chunk_starts`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FeatureCollate;
+
+impl Collate for FeatureCollate {
+    fn reads(&self) -> Vec<ComponentId> {
+        vec![ComponentId::of::<ChunkFeatures>()]
+    }
+    fn collate(&self, rows: &BatchRows<'_>) -> Result<Batch, CollateError> {
+        let fs = rows.column::<ChunkFeatures>().ok_or_else(|| CollateError {
+            sample: None,
+            message: "no ChunkFeatures column".into(),
+        })?;
+        let first = fs.first().ok_or_else(|| CollateError {
+            sample: None,
+            message: "empty batch".into(),
+        })?;
+        let (bins, frames) = (first.features.bins, first.features.frames);
+        let mut t = Tensor::zeros(DType::F32, &[fs.len(), bins, frames]);
+        {
+            let out = t.as_slice_mut::<f32>().map_err(|e| CollateError {
+                sample: None,
+                message: e.to_string(),
+            })?;
+            for (i, f) in fs.iter().enumerate() {
+                if (f.features.bins, f.features.frames) != (bins, frames) {
+                    return Err(CollateError {
+                        sample: Some(i),
+                        message: format!(
+                            "features [{} × {}] differ from the batch's [{bins} × {frames}]",
+                            f.features.bins, f.features.frames
+                        ),
+                    });
+                }
+                out[i * bins * frames..(i + 1) * bins * frames].copy_from_slice(&f.features.data);
+            }
+        }
+        let lengths: Vec<i64> = fs.iter().map(|f| f.valid as i64).collect();
+        let starts: Vec<i64> = fs.iter().map(|f| f.start as i64).collect();
+        let mut b = Batch::new(Vec::new());
+        b.insert("features", t);
+        b.insert("lengths", Tensor::from_slice(&lengths, &[fs.len()]));
+        b.insert("chunk_starts", Tensor::from_slice(&starts, &[fs.len()]));
+        Ok(b)
+    }
+}

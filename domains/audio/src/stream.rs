@@ -1,0 +1,608 @@
+//! Files → fixed-length chunks, streamed: decode a packet, resample it, cut
+//! chunks as soon as they are complete. Memory per open file is one chunk
+//! plus a packet, whatever the file's length.
+//!
+//! [`AudioFiles`] is an iterable source whose shards are the files: each
+//! file is read front to back by one worker per epoch, and its chunks flow
+//! into batches like any other samples (one file's chunks may land in
+//! different batches; the pipeline's shuffle buffer mixes files).
+//!
+//! Chunk `k` of a file starts at sample `k × (chunk − overlap)` (at the
+//! target rate). The last chunk is zero-padded; [`AudioChunk::valid`] says how
+//! many samples are real. A file shorter than one chunk gives one padded
+//! chunk; a file with no samples is an error.
+//!
+//! ```
+//! use ferrofeed_audio::stream::{Chunker, ChunkSpec};
+//! let mut c = Chunker::new(ChunkSpec { chunk: 4, overlap: 1 }, 8000);
+//! let mut out = Vec::new();
+//! c.push(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &mut out);
+//! c.finish(&mut out).unwrap();
+//! let starts: Vec<u64> = out.iter().map(|c| c.start).collect();
+//! assert_eq!(starts, vec![0, 3]);
+//! assert_eq!(out[1].samples, vec![4.0, 5.0, 6.0, 0.0]);
+//! assert_eq!(out[1].valid, 3);
+//! ```
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::{BoxError, Component, IterableSource};
+use rubato::{FftFixedIn, Resampler};
+
+use crate::decode::{DecodeOptions, Decoded};
+use crate::AudioError;
+
+/// A chunk of mono audio at the target rate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AudioChunk {
+    /// `chunk` samples (zero-padded after `valid`).
+    pub samples: Vec<f32>,
+    /// Real samples at the front.
+    pub valid: usize,
+    /// Index of the first sample in its file (at the target rate).
+    pub start: u64,
+    /// Sample rate.
+    pub sample_rate: u32,
+}
+
+impl Component for AudioChunk {
+    fn nbytes(&self) -> usize {
+        self.samples.len() * 4
+    }
+    fn describe(&self) -> String {
+        let peak = self.samples.iter().fold(0f32, |m, x| m.max(x.abs()));
+        format!(
+            "{} samples at {} Hz ({} real) from sample {}, peak {peak:.3}",
+            self.samples.len(),
+            self.sample_rate,
+            self.valid,
+            self.start
+        )
+    }
+}
+
+/// Chunk length and overlap, in samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSpec {
+    /// Samples per chunk.
+    pub chunk: usize,
+    /// Samples shared by consecutive chunks (`< chunk`).
+    pub overlap: usize,
+}
+
+impl ChunkSpec {
+    /// From seconds at `rate`.
+    pub fn from_seconds(chunk: f64, overlap: f64, rate: u32) -> Result<Self, AudioError> {
+        let c = (chunk * f64::from(rate)).round();
+        let o = (overlap * f64::from(rate)).round();
+        if !(1.0..1e10).contains(&c) {
+            return Err(AudioError::Config(format!(
+                "--chunk-seconds {chunk} gives no whole sample at {rate} Hz"
+            )));
+        }
+        if !(o >= 0.0 && o < c) {
+            return Err(AudioError::Config(format!(
+                "--overlap-seconds {overlap} must be at least 0 and less than --chunk-seconds {chunk}"
+            )));
+        }
+        Ok(ChunkSpec {
+            chunk: c as usize,
+            overlap: o as usize,
+        })
+    }
+    /// Samples between chunk starts.
+    pub fn step(&self) -> usize {
+        self.chunk - self.overlap
+    }
+}
+
+/// Cuts a stream of samples into overlapping chunks.
+#[derive(Debug)]
+pub struct Chunker {
+    spec: ChunkSpec,
+    rate: u32,
+    buf: Vec<f32>,
+    buf_start: u64,
+    next_start: u64,
+    covered: u64,
+    total: u64,
+}
+
+impl Chunker {
+    /// A chunker for a stream at `rate`.
+    pub fn new(spec: ChunkSpec, rate: u32) -> Self {
+        Chunker {
+            spec,
+            rate,
+            buf: Vec::with_capacity(spec.chunk * 2),
+            buf_start: 0,
+            next_start: 0,
+            covered: 0,
+            total: 0,
+        }
+    }
+
+    /// Adds samples; complete chunks are appended to `out`.
+    pub fn push(&mut self, samples: &[f32], out: &mut impl Extend<AudioChunk>) {
+        self.total += samples.len() as u64;
+        self.buf.extend_from_slice(samples);
+        let c = self.spec.chunk as u64;
+        while self.buf_start + self.buf.len() as u64 >= self.next_start + c {
+            let a = (self.next_start - self.buf_start) as usize;
+            out.extend(std::iter::once(AudioChunk {
+                samples: self.buf[a..a + self.spec.chunk].to_vec(),
+                valid: self.spec.chunk,
+                start: self.next_start,
+                sample_rate: self.rate,
+            }));
+            self.covered = self.next_start + c;
+            self.next_start += self.spec.step() as u64;
+            let drop = (self.next_start - self.buf_start) as usize;
+            self.buf.drain(..drop.min(self.buf.len()));
+            self.buf_start += drop as u64;
+        }
+    }
+
+    /// Ends the stream: the zero-padded last chunk, if samples remain that no
+    /// chunk holds. An error when the stream had no samples at all.
+    pub fn finish(&mut self, out: &mut impl Extend<AudioChunk>) -> Result<(), AudioError> {
+        if self.total == 0 {
+            return Err(AudioError::Config("the file holds no audio samples".into()));
+        }
+        if self.total > self.covered || self.covered == 0 {
+            let a = (self.next_start - self.buf_start) as usize;
+            let mut samples = self.buf[a.min(self.buf.len())..].to_vec();
+            let valid = samples.len();
+            samples.resize(self.spec.chunk, 0.0);
+            out.extend(std::iter::once(AudioChunk {
+                samples,
+                valid,
+                start: self.next_start,
+                sample_rate: self.rate,
+            }));
+            self.covered = self.total;
+        }
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Samples pushed so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+}
+
+/// A streaming resampler (rubato's FFT resampler) that trims its delay and
+/// returns exactly `ceil(n × out / in)` samples for `n` in.
+pub struct StreamResampler {
+    r: FftFixedIn<f32>,
+    pending: Vec<f32>,
+    skip: usize,
+    rate_in: u64,
+    rate_out: u64,
+    n_in: u64,
+    n_out: u64,
+}
+
+impl StreamResampler {
+    /// From `rate_in` to `rate_out` Hz.
+    pub fn new(rate_in: u32, rate_out: u32) -> Result<Self, AudioError> {
+        let r = FftFixedIn::<f32>::new(rate_in as usize, rate_out as usize, 8192, 8, 1)
+            .map_err(|e| AudioError::Config(format!("resampler {rate_in} → {rate_out} Hz: {e}")))?;
+        let skip = r.output_delay();
+        Ok(StreamResampler {
+            r,
+            pending: Vec::new(),
+            skip,
+            rate_in: u64::from(rate_in),
+            rate_out: u64::from(rate_out),
+            n_in: 0,
+            n_out: 0,
+        })
+    }
+
+    fn emit(&mut self, mut block: Vec<f32>, out: &mut Vec<f32>) {
+        if self.skip > 0 {
+            let s = self.skip.min(block.len());
+            block.drain(..s);
+            self.skip -= s;
+        }
+        let want = self.expected() - self.n_out;
+        let take = (block.len() as u64).min(want) as usize;
+        out.extend_from_slice(&block[..take]);
+        self.n_out += take as u64;
+    }
+
+    fn expected(&self) -> u64 {
+        (self.n_in * self.rate_out).div_ceil(self.rate_in)
+    }
+
+    /// Resamples `input`, appending what is ready to `out`.
+    pub fn push(&mut self, input: &[f32], out: &mut Vec<f32>) -> Result<(), AudioError> {
+        self.n_in += input.len() as u64;
+        self.pending.extend_from_slice(input);
+        let mut used = 0;
+        loop {
+            let need = self.r.input_frames_next();
+            if self.pending.len() - used < need {
+                break;
+            }
+            let block = self
+                .r
+                .process(&[&self.pending[used..used + need]], None)
+                .map_err(|e| AudioError::Config(format!("resampling: {e}")))?;
+            used += need;
+            let b = block.into_iter().next().unwrap_or_default();
+            // Output lags input by the delay; hold back nothing beyond `expected`.
+            self.emit_unbounded(b, out);
+        }
+        self.pending.drain(..used);
+        Ok(())
+    }
+
+    fn emit_unbounded(&mut self, mut block: Vec<f32>, out: &mut Vec<f32>) {
+        if self.skip > 0 {
+            let s = self.skip.min(block.len());
+            block.drain(..s);
+            self.skip -= s;
+        }
+        self.n_out += block.len() as u64;
+        out.extend_from_slice(&block);
+    }
+
+    /// Flushes the tail; afterwards `out` has received exactly
+    /// `ceil(n_in × rate_out / rate_in)` samples in all.
+    pub fn finish(&mut self, out: &mut Vec<f32>) -> Result<(), AudioError> {
+        let err = |e: rubato::ResampleError| AudioError::Config(format!("resampling: {e}"));
+        let rest = std::mem::take(&mut self.pending);
+        if !rest.is_empty() {
+            let block = self
+                .r
+                .process_partial(Some(&[&rest[..]]), None)
+                .map_err(err)?;
+            self.emit(block.into_iter().next().unwrap_or_default(), out);
+        }
+        let mut guard = 0;
+        while self.n_out < self.expected() && guard < 64 {
+            let block = self
+                .r
+                .process_partial(None::<&[&[f32]]>, None)
+                .map_err(err)?;
+            self.emit(block.into_iter().next().unwrap_or_default(), out);
+            guard += 1;
+        }
+        // Round-off can leave a sample or two short: pad with silence.
+        while self.n_out < self.expected() {
+            out.push(0.0);
+            self.n_out += 1;
+        }
+        Ok(())
+    }
+}
+
+/// How files become chunks.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamOptions {
+    /// Target sample rate; other rates are resampled.
+    pub sample_rate: u32,
+    /// Chunk length, seconds.
+    pub chunk_seconds: f64,
+    /// Overlap between consecutive chunks, seconds.
+    pub overlap_seconds: f64,
+    /// Decoding options.
+    pub decode: DecodeOptions,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            sample_rate: 16000,
+            chunk_seconds: 10.0,
+            overlap_seconds: 0.0,
+            decode: DecodeOptions::default(),
+        }
+    }
+}
+
+/// The chunks of one file, produced as it decodes.
+pub struct ChunkStream {
+    decoded: Decoded,
+    resampler: Option<StreamResampler>,
+    chunker: Chunker,
+    ready: VecDeque<AudioChunk>,
+    scratch: Vec<f32>,
+    done: bool,
+    counter: Option<Arc<AtomicU64>>,
+}
+
+impl ChunkStream {
+    /// Opens `path` (the header is read now; bad files fail here).
+    pub fn open(path: &Path, opts: &StreamOptions) -> Result<ChunkStream, AudioError> {
+        let spec =
+            ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
+        let decoded = Decoded::open(path, &opts.decode)?;
+        let resampler = if decoded.sample_rate() == opts.sample_rate {
+            None
+        } else {
+            Some(StreamResampler::new(
+                decoded.sample_rate(),
+                opts.sample_rate,
+            )?)
+        };
+        Ok(ChunkStream {
+            decoded,
+            resampler,
+            chunker: Chunker::new(spec, opts.sample_rate),
+            ready: VecDeque::new(),
+            scratch: Vec::new(),
+            done: false,
+            counter: None,
+        })
+    }
+
+    fn step(&mut self) -> Result<(), AudioError> {
+        let named = |e: AudioError, p: &Path| match e {
+            AudioError::Config(m) => AudioError::Decode {
+                path: p.to_path_buf(),
+                message: m,
+            },
+            e => e,
+        };
+        match self.decoded.next_block()? {
+            Some(block) => match &mut self.resampler {
+                Some(r) => {
+                    self.scratch.clear();
+                    r.push(&block, &mut self.scratch)
+                        .map_err(|e| named(e, self.decoded.path()))?;
+                    self.chunker.push(&self.scratch, &mut self.ready);
+                }
+                None => self.chunker.push(&block, &mut self.ready),
+            },
+            None => {
+                self.done = true;
+                if let Some(r) = &mut self.resampler {
+                    self.scratch.clear();
+                    r.finish(&mut self.scratch)
+                        .map_err(|e| named(e, self.decoded.path()))?;
+                    self.chunker.push(&self.scratch, &mut self.ready);
+                }
+                self.chunker
+                    .finish(&mut self.ready)
+                    .map_err(|e| named(e, self.decoded.path()))?;
+                if let Some(c) = &self.counter {
+                    c.fetch_add(self.chunker.total(), Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for ChunkStream {
+    type Item = Result<AudioChunk, AudioError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(c) = self.ready.pop_front() {
+                return Some(Ok(c));
+            }
+            if self.done {
+                return None;
+            }
+            if let Err(e) = self.step() {
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
+    }
+}
+
+/// The audio file extensions read.
+pub const AUDIO_EXTENSIONS: &[&str] = &["wav", "flac", "mp3", "ogg", "oga"];
+
+/// Audio files as an iterable source of [`AudioChunk`]s, one shard per file.
+#[derive(Debug, Clone)]
+pub struct AudioFiles {
+    files: Vec<PathBuf>,
+    opts: StreamOptions,
+    samples: Arc<AtomicU64>,
+}
+
+impl AudioFiles {
+    /// Every audio file under `dir` (recursively, in path order), or `dir`
+    /// itself when it is a file.
+    pub fn scan(dir: &Path, opts: StreamOptions) -> Result<AudioFiles, AudioError> {
+        ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
+        if opts.sample_rate == 0 || opts.sample_rate > crate::decode::MAX_SAMPLE_RATE {
+            return Err(AudioError::Config(format!(
+                "--sample-rate {} is outside 1 Hz–768 kHz",
+                opts.sample_rate
+            )));
+        }
+        let mut files = Vec::new();
+        if dir.is_file() {
+            files.push(dir.to_path_buf());
+        } else {
+            collect(dir, &mut files).map_err(|e| AudioError::Decode {
+                path: dir.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            files.sort();
+        }
+        if files.is_empty() {
+            return Err(AudioError::Decode {
+                path: dir.to_path_buf(),
+                message: format!("no audio files ({})", AUDIO_EXTENSIONS.join(", ")),
+            });
+        }
+        Ok(AudioFiles {
+            files,
+            opts,
+            samples: Arc::default(),
+        })
+    }
+
+    /// The files, in shard order.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// The options.
+    pub fn options(&self) -> &StreamOptions {
+        &self.opts
+    }
+
+    /// A counter of the samples (at the target rate) of every file read to
+    /// its end; keep a clone to read it while the pipeline runs.
+    pub fn samples_read(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.samples)
+    }
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            collect(&p, out)?;
+        } else if p
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+        {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+impl IterableSource for AudioFiles {
+    type Output = AudioChunk;
+    fn num_shards(&self) -> usize {
+        self.files.len()
+    }
+    fn shard_key(&self, shard: usize) -> String {
+        self.files
+            .get(shard)
+            .map_or_else(String::new, |p| p.display().to_string())
+    }
+    fn open(&self, shard: usize) -> Result<ShardIter<AudioChunk>, BoxError> {
+        let path = self
+            .files
+            .get(shard)
+            .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?;
+        let mut s = ChunkStream::open(path, &self.opts)?;
+        s.counter = Some(Arc::clone(&self.samples));
+        Ok(Box::new(s.map(|r| r.map_err(BoxError::from))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(n: usize, spec: ChunkSpec, pieces: usize) -> Vec<AudioChunk> {
+        let x: Vec<f32> = (0..n).map(|i| i as f32 + 1.0).collect();
+        let mut c = Chunker::new(spec, 100);
+        let mut out = Vec::new();
+        for p in x.chunks(pieces.max(1)) {
+            c.push(p, &mut out);
+        }
+        c.finish(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn chunks_cover_every_sample_whatever_the_packet_sizes() {
+        for n in [1, 5, 9, 10, 11, 30, 97] {
+            for (chunk, overlap) in [(10, 0), (10, 3), (10, 9), (1, 0)] {
+                let spec = ChunkSpec { chunk, overlap };
+                let want = chunks(n, spec, n);
+                for pieces in [1, 2, 3, 7, 64] {
+                    assert_eq!(
+                        chunks(n, spec, pieces),
+                        want,
+                        "n {n} {spec:?} pieces {pieces}"
+                    );
+                }
+                for (k, c) in want.iter().enumerate() {
+                    assert_eq!(c.start, (k * spec.step()) as u64);
+                    assert_eq!(c.samples.len(), chunk);
+                    for (i, &s) in c.samples.iter().enumerate() {
+                        let abs = c.start as usize + i;
+                        let expect = if i < c.valid { abs as f32 + 1.0 } else { 0.0 };
+                        assert_eq!(s, expect);
+                    }
+                    if k + 1 < want.len() {
+                        assert_eq!(c.valid, chunk, "only the last chunk is short");
+                    }
+                }
+                let last = want.last().unwrap();
+                assert_eq!(
+                    last.start as usize + last.valid,
+                    n,
+                    "the last sample is in the last chunk"
+                );
+                if want.len() > 1 {
+                    assert!(last.valid > overlap, "no chunk holds only overlap");
+                }
+            }
+        }
+        let mut c = Chunker::new(
+            ChunkSpec {
+                chunk: 4,
+                overlap: 0,
+            },
+            100,
+        );
+        assert!(c.finish(&mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn chunk_specs_from_seconds() {
+        let s = ChunkSpec::from_seconds(10.0, 2.5, 16000).unwrap();
+        assert_eq!((s.chunk, s.overlap, s.step()), (160000, 40000, 120000));
+        assert!(ChunkSpec::from_seconds(0.0, 0.0, 16000).is_err());
+        assert!(ChunkSpec::from_seconds(1.0, 1.0, 16000).is_err());
+        assert!(ChunkSpec::from_seconds(1.0, -1.0, 16000).is_err());
+        assert!(ChunkSpec::from_seconds(f64::NAN, 0.0, 16000).is_err());
+    }
+
+    #[test]
+    fn resampling_keeps_length_and_pitch() {
+        for (a, b) in [
+            (44100, 16000),
+            (8000, 16000),
+            (22050, 16000),
+            (48000, 16000),
+        ] {
+            let n = a as usize * 3 / 2 + 17;
+            let x: Vec<f32> = (0..n)
+                .map(|i| (2.0 * std::f64::consts::PI * 440.0 * i as f64 / a as f64).sin() as f32)
+                .collect();
+            let mut r = StreamResampler::new(a, b).unwrap();
+            let mut out = Vec::new();
+            for p in x.chunks(777) {
+                r.push(p, &mut out).unwrap();
+            }
+            r.finish(&mut out).unwrap();
+            assert_eq!(
+                out.len(),
+                (n * b as usize).div_ceil(a as usize),
+                "{a} → {b}"
+            );
+            // In the middle, the output is the same sine at the new rate.
+            let mid = out.len() / 2;
+            let err: f64 = (mid..mid + 200)
+                .map(|i| {
+                    let want = (2.0 * std::f64::consts::PI * 440.0 * i as f64 / b as f64).sin();
+                    (f64::from(out[i]) - want).abs()
+                })
+                .fold(0.0, f64::max);
+            // rubato's delay is a whole number of output samples; what is
+            // left is a sub-sample offset (a third of a sample at 48 → 16 kHz).
+            assert!(err < 0.1, "{a} → {b}: max error {err}");
+        }
+    }
+}

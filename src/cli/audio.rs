@@ -1,0 +1,309 @@
+//! `ferrofeed audio`, `inspect audio` and `make-dataset audio`.
+//!
+//! ```text
+//! ferrofeed audio DIR --chunk-seconds 10 --overlap-seconds 1 --features logmel
+//! ```
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use clap::{Args, ValueEnum};
+use ferrofeed_audio::{
+    synth, AudioFiles, DecodeOptions, FeatureCollate, FeatureConfig, FeatureKind, FeatureStage,
+    NonFinite, StreamOptions,
+};
+use ferrofeed_core::source::stream_index;
+use ferrofeed_core::{Parallelism, Pipeline, StageOptions};
+use serde_json::json;
+
+use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FeaturesArg {
+    Waveform,
+    Spectrogram,
+    Mel,
+    Logmel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NonFiniteArg {
+    /// A file with NaN or infinite samples fails (under --on-error).
+    Error,
+    /// NaN and infinite samples become 0 (counted).
+    Zero,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct AudioOpts {
+    /// Target sample rate; other rates are resampled.
+    #[arg(long, default_value_t = 16000)]
+    pub sample_rate: u32,
+    /// Chunk length in seconds; the last chunk is zero-padded.
+    #[arg(long, default_value_t = 10.0)]
+    pub chunk_seconds: f64,
+    /// Seconds shared by consecutive chunks.
+    #[arg(long, default_value_t = 0.0)]
+    pub overlap_seconds: f64,
+    /// Features to compute.
+    #[arg(long, value_enum, default_value = "logmel")]
+    pub features: FeaturesArg,
+    /// FFT size (and Hann window length).
+    #[arg(long, default_value_t = 400)]
+    pub n_fft: usize,
+    /// Samples between frames.
+    #[arg(long, default_value_t = 160)]
+    pub hop: usize,
+    /// Mel bands.
+    #[arg(long, default_value_t = 80)]
+    pub n_mels: usize,
+    /// NaN or infinite samples in a file.
+    #[arg(long, value_enum, default_value = "error")]
+    pub non_finite: NonFiniteArg,
+    /// Files read together, chunk by chunk, so batches mix files and do not
+    /// end at every file.
+    #[arg(long, default_value_t = 16)]
+    pub interleave: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct AudioArgs {
+    /// A folder of audio files (wav, flac, mp3, ogg), recursively; default: the embedded dataset.
+    pub path: Option<PathBuf>,
+    #[command(flatten)]
+    pub audio: AudioOpts,
+    #[command(flatten)]
+    pub common: super::CommonArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InspectArgs {
+    /// A folder of audio files; default: the embedded dataset.
+    pub path: Option<PathBuf>,
+    /// Dataset index of the chunk: `file × 2^40 + chunk`, or the chunk's
+    /// position in the first file when below 2^40.
+    #[arg(long)]
+    pub index: u64,
+    #[command(flatten)]
+    pub audio: AudioOpts,
+}
+
+#[derive(Args, Debug)]
+pub struct MakeArgs {
+    /// Folder to write.
+    pub dir: PathBuf,
+    /// Number of files.
+    #[arg(long, default_value_t = 40)]
+    pub count: u64,
+    /// Seed of the generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Shortest file, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    pub min_seconds: f64,
+    /// Longest file, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub max_seconds: f64,
+    /// One sample rate for every file (default: 8, 16, 22.05, 44.1, 48 kHz in turn).
+    #[arg(long)]
+    pub rate: Option<u32>,
+    /// File formats.
+    #[arg(long, value_enum, default_value = "mixed")]
+    pub format: FormatArg,
+    /// Channels of every file (default: every third file stereo).
+    #[arg(long)]
+    pub channels: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    /// 16-bit WAV, FLAC and float WAV in turn.
+    Mixed,
+    /// 16-bit WAV.
+    Wav,
+    /// 16-bit FLAC.
+    Flac,
+}
+
+/// Files in the embedded default dataset.
+const DEFAULT_COUNT: usize = 40;
+
+fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
+    let dir = super::cache_dir().join(format!("audio-synth-v1-seed0-n{DEFAULT_COUNT}"));
+    if !dir.join(".complete").exists() {
+        if !quiet {
+            eprintln!(
+                "generating the default audio dataset ({DEFAULT_COUNT} files, 3–30 s) into {} …",
+                dir.display()
+            );
+        }
+        synth::write_dataset(&dir, DEFAULT_COUNT, 0, 3.0..30.0).map_err(CliError::io(&dir))?;
+        let done = dir.join(".complete");
+        std::fs::write(&done, b"").map_err(CliError::io(&done))?;
+    }
+    Ok(dir)
+}
+
+fn kind(f: FeaturesArg) -> FeatureKind {
+    match f {
+        FeaturesArg::Waveform => FeatureKind::Waveform,
+        FeaturesArg::Spectrogram => FeatureKind::Spectrogram,
+        FeaturesArg::Mel => FeatureKind::Mel,
+        FeaturesArg::Logmel => FeatureKind::LogMel,
+    }
+}
+
+fn open(path: &Option<PathBuf>, o: &AudioOpts, quiet: bool) -> Result<AudioFiles, CliError> {
+    let dir = match path {
+        Some(p) => p.clone(),
+        None => default_dataset(quiet)?,
+    };
+    let opts = StreamOptions {
+        sample_rate: o.sample_rate,
+        chunk_seconds: o.chunk_seconds,
+        overlap_seconds: o.overlap_seconds,
+        decode: DecodeOptions {
+            non_finite: match o.non_finite {
+                NonFiniteArg::Error => NonFinite::Error,
+                NonFiniteArg::Zero => NonFinite::Zero,
+            },
+        },
+    };
+    AudioFiles::scan(&dir, opts).map_err(|e| CliError::Usage(e.to_string()))
+}
+
+fn stage(o: &AudioOpts) -> Result<FeatureStage, CliError> {
+    let cfg = FeatureConfig {
+        sample_rate: o.sample_rate,
+        n_fft: o.n_fft,
+        hop: o.hop,
+        n_mels: o.n_mels,
+        ..FeatureConfig::default()
+    };
+    FeatureStage::new(cfg, kind(o.features)).map_err(|e| CliError::Usage(e.to_string()))
+}
+
+fn index_entries(files: &[PathBuf]) -> Vec<IndexEntry> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(i, p)| IndexEntry {
+            index: stream_index(i, 0),
+            path: p.display().to_string(),
+            label: None,
+        })
+        .collect()
+}
+
+pub fn run(a: AudioArgs) -> Result<(), CliError> {
+    let c = &a.common;
+    let resources = ferrofeed_core::resources::Resources::detect();
+    for w in &resources.warnings {
+        tracing::warn!("{w}: falling back");
+    }
+    let cpus = resources.workers();
+    let stage = stage(&a.audio)?;
+    if let Some(path) = &c.trace {
+        std::fs::write(path, b"").map_err(CliError::io(path))?;
+    }
+    let files = open(&a.path, &a.audio, c.quiet)?;
+    let paths = files.files().to_vec();
+    let read = files.samples_read();
+    let opts = StageOptions::new().workers(c.workers);
+    let mut b = Pipeline::builder_iterable(files)
+        .stage_with("features", opts, stage)
+        .batch_size(c.batch_size)
+        .shuffle(c.shuffle)
+        .seed(c.seed)
+        .drop_last(c.drop_last)
+        .shard(c.shard()?)
+        .on_error(c.on_error)
+        .cpus(cpus)
+        .interleave(a.audio.interleave)
+        .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()))
+        .collate(FeatureCollate);
+    if c.shuffle {
+        // Mixes the chunks of the files open at once.
+        b = b.shuffle_buffer(256);
+    }
+    if c.trace.is_some() {
+        b = b.trace(1_000_000);
+    }
+    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let index = || Ok(index_entries(&paths));
+    let rate = f64::from(a.audio.sample_rate);
+    let extra = |seconds: f64| {
+        let audio_s = read.load(Ordering::Relaxed) as f64 / rate;
+        let mut m = BTreeMap::new();
+        m.insert("audio_seconds".to_string(), json!(audio_s));
+        m.insert(
+            "audio_seconds_per_s".to_string(),
+            json!(audio_s / seconds.max(1e-9)),
+        );
+        m.insert("files".to_string(), json!(paths.len()));
+        m
+    };
+    let mut spec = RunSpec::new("audio", &pipeline, c, &index, &resources);
+    spec.extra = &extra;
+    run_epochs(spec)
+}
+
+pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
+    let files = open(&a.path, &a.audio, false)?;
+    let pipeline = Pipeline::builder_iterable(files)
+        .stage_with(
+            "features",
+            StageOptions::new().workers(Parallelism::Fixed(1)),
+            stage(&a.audio)?,
+        )
+        .shuffle(false)
+        .collate(FeatureCollate)
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let report = pipeline.inspect(a.index, 0)?;
+    print!("{report}");
+    Ok(())
+}
+
+pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
+    if a.count == 0 {
+        return Err(CliError::Usage("--count must be at least 1".into()));
+    }
+    if !(a.min_seconds > 0.0 && a.max_seconds >= a.min_seconds) {
+        return Err(CliError::Usage(
+            "need 0 < --min-seconds ≤ --max-seconds".into(),
+        ));
+    }
+    let t = std::time::Instant::now();
+    if a.rate.is_some_and(|r| !(1000..=192_000).contains(&r)) {
+        return Err(CliError::Usage("--rate must be within 1–192 kHz".into()));
+    }
+    if a.channels.is_some_and(|c| !(1..=8).contains(&c)) {
+        return Err(CliError::Usage("--channels must be 1 to 8".into()));
+    }
+    let opts = synth::SynthOptions {
+        seconds: a.min_seconds..a.max_seconds,
+        rate: a.rate,
+        format: match a.format {
+            FormatArg::Mixed => synth::Format::Mixed,
+            FormatArg::Wav => synth::Format::Wav,
+            FormatArg::Flac => synth::Format::Flac,
+        },
+        channels: a.channels,
+    };
+    let files = synth::write_dataset_with(&a.dir, a.count as usize, a.seed, &opts)
+        .map_err(CliError::io(&a.dir))?;
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|p: &PathBuf| std::fs::metadata(Path::new(p)).ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "wrote {} files ({:.1} MiB: wav 16-bit and float, flac; 8–48 kHz; mono and stereo) to {} in {:.1} s",
+        files.len(),
+        bytes as f64 / (1024.0 * 1024.0),
+        a.dir.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

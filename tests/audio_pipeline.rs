@@ -1,0 +1,319 @@
+//! The audio pack against librosa, chunk boundaries, and hostile files,
+//! through the library API.
+#![cfg(feature = "audio")]
+use std::path::{Path, PathBuf};
+
+use ferrofeed::audio::decode::Decoded;
+use ferrofeed::audio::stream::ChunkStream;
+use ferrofeed::audio::*;
+use ferrofeed::core::prelude::*;
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/audio")
+}
+
+/// (shape, values) of a float32 `.npy`.
+fn npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let h = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+    assert!(
+        h.contains("'descr': '<f4'") && h.contains("'fortran_order': False"),
+        "{h}"
+    );
+    let shape = h
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    let shape = shape
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let v = bytes[10 + hlen..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (shape, v)
+}
+
+fn decode_all(path: &Path) -> (Vec<f32>, u32) {
+    let mut d = Decoded::open(path, &DecodeOptions::default()).unwrap();
+    let mut all = Vec::new();
+    while let Some(b) = d.next_block().unwrap() {
+        all.extend(b);
+    }
+    (all, d.sample_rate())
+}
+
+#[test]
+fn mel_and_logmel_agree_with_librosa() {
+    for name in ["a_tone_16k.wav", "b_noise_22k.wav", "c_stereo_16k.flac"] {
+        let (y, sr) = decode_all(&data().join(name));
+        let fx = FeatureExtractor::new(FeatureConfig {
+            sample_rate: sr,
+            ..FeatureConfig::default()
+        })
+        .unwrap();
+        let (shape, want) = npy_f32(&data().join(format!("{name}.mel.npy")));
+        let got = fx.compute(&y, FeatureKind::Mel);
+        assert_eq!(vec![got.bins, got.frames], shape, "{name}");
+        let max = want.iter().fold(0f32, |m, &v| m.max(v));
+        let mut worst = 0f64;
+        let mut compared = 0;
+        for (&g, &w) in got.data.iter().zip(&want) {
+            if w > max * 1e-6 {
+                worst = worst.max((f64::from(g) - f64::from(w)).abs() / f64::from(w));
+                compared += 1;
+            }
+        }
+        assert!(compared > 1000, "{name}: {compared} bins compared");
+        eprintln!("{name}: {compared} bins, worst mel relative error {worst:.2e}");
+        assert!(worst <= 1e-3, "{name}: mel relative error {worst}");
+
+        let (_, want_db) = npy_f32(&data().join(format!("{name}.logmel.npy")));
+        let got_db = fx.compute(&y, FeatureKind::LogMel);
+        let worst_db = got_db
+            .data
+            .iter()
+            .zip(&want_db)
+            .zip(&want)
+            .filter(|(_, &w)| w > max * 1e-6)
+            .map(|((&g, &w), _)| (g - w).abs())
+            .fold(0f32, f32::max);
+        // 1e-3 relative in power is 0.0043 dB.
+        assert!(worst_db <= 0.005, "{name}: log-mel error {worst_db} dB");
+    }
+}
+
+#[test]
+fn overlapping_chunks_agree_with_the_whole_file_away_from_their_edges() {
+    let path = data().join("a_tone_16k.wav");
+    let (y, _) = decode_all(&path);
+    let fx = FeatureExtractor::new(FeatureConfig::default()).unwrap();
+    let whole = fx.compute(&y, FeatureKind::LogMel);
+    // 0.5 s chunks every 0.3 s: the step is 30 hops, so frames line up.
+    let opts = StreamOptions {
+        chunk_seconds: 0.5,
+        overlap_seconds: 0.2,
+        ..StreamOptions::default()
+    };
+    let chunks: Vec<AudioChunk> = ChunkStream::open(&path, &opts)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        chunks.len(),
+        6,
+        "starts 0, 0.3, …, 1.5 s: the last ends at 2 s"
+    );
+    let edge = 400 / 2 / 160 + 1; // frames whose window reaches past a chunk edge
+    let mut checked = 0;
+    for c in &chunks {
+        let f = fx.compute(&c.samples, FeatureKind::LogMel);
+        let offset = c.start as usize / 160;
+        let valid_frames = 1 + c.valid / 160;
+        for t in edge..valid_frames.saturating_sub(edge) {
+            for m in 0..80 {
+                let a = f.data[m * f.frames + t];
+                let b = whole.data[m * whole.frames + offset + t];
+                assert!(
+                    (a - b).abs() < 1e-3,
+                    "chunk at {}: frame {t} band {m}: {a} vs {b}",
+                    c.start
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 150, "{checked} frames checked");
+    // Consecutive chunks agree with each other where they overlap.
+    let (c0, c1) = (&chunks[0], &chunks[1]);
+    let (f0, f1) = (
+        fx.compute(&c0.samples, FeatureKind::Mel),
+        fx.compute(&c1.samples, FeatureKind::Mel),
+    );
+    let shift = (c1.start - c0.start) as usize / 160;
+    for t in shift + edge..f0.frames - edge {
+        for m in 0..80 {
+            let (a, b) = (
+                f0.data[m * f0.frames + t],
+                f1.data[m * f1.frames + t - shift],
+            );
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs().max(1e-6),
+                "frame {t} band {m}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_pipeline_batches_chunks_of_every_file() {
+    let opts = StreamOptions {
+        chunk_seconds: 0.5,
+        overlap_seconds: 0.0,
+        ..StreamOptions::default()
+    };
+    let files = AudioFiles::scan(&data(), opts).unwrap();
+    assert_eq!(files.files().len(), 3);
+    let read = files.samples_read();
+    let p = Pipeline::builder_iterable(files)
+        .stage(
+            "logmel",
+            FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+        )
+        .interleave(3)
+        .batch_size(4)
+        .collate(FeatureCollate)
+        .build()
+        .unwrap();
+    let mut chunks = Vec::new();
+    for b in p.epoch(0) {
+        let b = b.unwrap();
+        let f = b.get("features").unwrap();
+        assert_eq!(&f.shape()[1..], &[80, 51]);
+        let lengths = b
+            .get("lengths")
+            .unwrap()
+            .as_slice::<i64>()
+            .unwrap()
+            .to_vec();
+        let starts = b
+            .get("chunk_starts")
+            .unwrap()
+            .as_slice::<i64>()
+            .unwrap()
+            .to_vec();
+        for ((&i, l), s) in b.indices().iter().zip(lengths).zip(starts) {
+            chunks.push((i >> ferrofeed::core::source::STREAM_POSITION_BITS, s, l));
+        }
+    }
+    chunks.sort();
+    // a: 2 s → 4 chunks; b: 1.3 s at 22.05 kHz → 20800 samples at 16 kHz → 3 chunks (last 0.3 s);
+    // c: 1 s → 2 chunks.
+    let per_file: Vec<usize> = (0..3)
+        .map(|f| chunks.iter().filter(|c| c.0 == f).count())
+        .collect();
+    assert_eq!(per_file, [4, 3, 2]);
+    let b_last = chunks.iter().rfind(|c| c.0 == 1).unwrap();
+    assert_eq!(b_last.1, 16000);
+    assert_eq!(b_last.2, 1 + (20800 - 16000) / 160);
+    assert_eq!(
+        read.load(std::sync::atomic::Ordering::Relaxed),
+        32000 + 20800 + 16000
+    );
+}
+
+fn wav_bytes(rate: u32, samples: &[f32]) -> Vec<u8> {
+    let mut v = Vec::new();
+    let data_len = (samples.len() * 4) as u32;
+    v.extend_from_slice(b"RIFF");
+    v.extend_from_slice(&(36 + data_len).to_le_bytes());
+    v.extend_from_slice(b"WAVEfmt ");
+    v.extend_from_slice(&16u32.to_le_bytes());
+    v.extend_from_slice(&3u16.to_le_bytes()); // IEEE float
+    v.extend_from_slice(&1u16.to_le_bytes());
+    v.extend_from_slice(&rate.to_le_bytes());
+    v.extend_from_slice(&(rate.wrapping_mul(4)).to_le_bytes());
+    v.extend_from_slice(&4u16.to_le_bytes());
+    v.extend_from_slice(&32u16.to_le_bytes());
+    v.extend_from_slice(b"data");
+    v.extend_from_slice(&data_len.to_le_bytes());
+    for s in samples {
+        v.extend_from_slice(&s.to_le_bytes());
+    }
+    v
+}
+
+#[test]
+fn hostile_files_are_named_errors_under_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = std::fs::read(data().join("a_tone_16k.wav")).unwrap();
+    std::fs::write(d.join("00_good.wav"), &good).unwrap();
+    std::fs::write(d.join("01_empty.wav"), b"").unwrap();
+    std::fs::write(d.join("02_garbage.mp3"), vec![0x42u8; 5000]).unwrap();
+    std::fs::write(d.join("03_truncated.wav"), &good[..30]).unwrap();
+    let mut nan = vec![0.1f32; 8000];
+    nan[5000] = f32::NAN;
+    std::fs::write(d.join("04_nan.wav"), wav_bytes(16000, &nan)).unwrap();
+    std::fs::write(d.join("05_absurd_rate.wav"), wav_bytes(0, &[0.0; 100])).unwrap();
+    std::fs::write(d.join("06_tiny.wav"), wav_bytes(16000, &[0.5; 50])).unwrap();
+    std::fs::write(d.join("07_text.ogg"), b"this is not an ogg file at all").unwrap();
+    let flac = std::fs::read(data().join("c_stereo_16k.flac")).unwrap();
+    let mut corrupt = flac.clone();
+    for b in corrupt[flac.len() / 2..flac.len() / 2 + 2000].iter_mut() {
+        *b ^= 0x5a;
+    }
+    std::fs::write(d.join("08_corrupt.flac"), &corrupt).unwrap();
+
+    let build = |policy, non_finite| {
+        let opts = StreamOptions {
+            chunk_seconds: 1.0,
+            decode: DecodeOptions { non_finite },
+            ..StreamOptions::default()
+        };
+        Pipeline::builder_iterable(AudioFiles::scan(d, opts).unwrap())
+            .stage(
+                "logmel",
+                FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+            )
+            .shuffle(false)
+            .batch_size(4)
+            .on_error(policy)
+            .collate(FeatureCollate)
+            .build()
+            .unwrap()
+    };
+    let p = build(ErrorPolicy::Skip, NonFinite::Error);
+    let mut rows = 0;
+    for b in p.epoch(0) {
+        rows += b.unwrap().len();
+    }
+    let s = p.last_summary().unwrap();
+    let named: Vec<String> = s
+        .skipped
+        .iter()
+        .map(|e| format!("{} | {}", e.path.clone().unwrap_or_default(), e))
+        .collect();
+    for bad in [
+        "01_empty",
+        "02_garbage",
+        "03_truncated",
+        "04_nan",
+        "05_absurd_rate",
+        "07_text",
+    ] {
+        assert!(
+            named.iter().any(|n| n.contains(bad)),
+            "{bad} not reported: {named:#?}"
+        );
+    }
+    let e = named.iter().find(|n| n.contains("04_nan")).unwrap();
+    assert!(e.contains("sample 5000 is NaN"), "{e}");
+    let e = named.iter().find(|n| n.contains("05_absurd")).unwrap();
+    assert!(e.contains("sample rate"), "{e}");
+    assert!(named.iter().all(|n| !n.contains("panicked")), "{named:#?}");
+    // The good file (2 chunks) and the tiny one (1 padded chunk) come through;
+    // the corrupt FLAC either decodes what precedes the damage or is reported.
+    assert!(rows >= 3, "{rows} rows");
+    assert!(named.iter().any(|n| n.contains("08_corrupt")) || rows >= 4);
+
+    // Zeroing NaNs accepts that file; `fail` stops at the first bad file.
+    let p = build(ErrorPolicy::Skip, NonFinite::Zero);
+    p.epoch(0).for_each(drop);
+    let s = p.last_summary().unwrap();
+    assert!(s.skipped.iter().all(|e| !e.to_string().contains("NaN")));
+    let p = build(ErrorPolicy::Fail, NonFinite::Error);
+    let e = p
+        .epoch(0)
+        .find_map(Result::err)
+        .expect("fail stops the epoch");
+    assert!(
+        e.to_string().contains("01_empty") && e.to_string().contains("empty file"),
+        "{e}"
+    );
+}
