@@ -61,9 +61,10 @@ pub struct AudioOpts {
     #[arg(long, value_enum, default_value = "error")]
     pub non_finite: NonFiniteArg,
     /// Files read together, chunk by chunk, so batches mix files and do not
-    /// end at every file.
-    #[arg(long, default_value_t = 16)]
-    pub interleave: usize,
+    /// end at every file. `auto`: up to 16, keeping at least four groups of
+    /// files per worker so every worker has files to decode.
+    #[arg(long, default_value = "auto", value_parser = super::parse_workers, value_name = "auto|N")]
+    pub interleave: Parallelism,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -219,12 +220,19 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
         .shard(c.shard()?)
         .on_error(c.on_error)
         .cpus(cpus)
-        .interleave(a.audio.interleave)
+        .interleave(match a.audio.interleave {
+            Parallelism::Fixed(n) => n,
+            Parallelism::Auto => (paths.len() / (4 * c.workers.resolve(cpus)).max(1)).clamp(1, 16),
+        })
         .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()))
         .collate(FeatureCollate);
+    let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());
     if c.shuffle {
-        // Mixes the chunks of the files open at once.
-        b = b.shuffle_buffer(256);
+        // Mixes the chunks of the files open at once. The buffer sits before
+        // the byte budget's accounting, so it gets at most a quarter of it.
+        let chunk_bytes = (a.audio.chunk_seconds * f64::from(a.audio.sample_rate) * 4.0).max(1.0);
+        let items = ((budget as f64 / 4.0) / chunk_bytes).clamp(1.0, 256.0) as usize;
+        b = b.shuffle_buffer(items);
     }
     if c.trace.is_some() {
         b = b.trace(1_000_000);

@@ -1,4 +1,4 @@
-//! Spectral features: STFT power or magnitude, mel and log-mel, with
+//! Spectral features (FFTs by `rustfft`): STFT power or magnitude, mel and log-mel, with
 //! librosa's conventions.
 //!
 //! Defaults equal `librosa.feature.melspectrogram(y, sr=16000, n_fft=400,
@@ -24,7 +24,8 @@
 //! ```
 use std::sync::Arc;
 
-use realfft::{RealFftPlanner, RealToComplex};
+use rustfft::num_complex::Complex;
+use rustfft::{Fft, FftPlanner};
 
 use crate::AudioError;
 
@@ -165,7 +166,7 @@ pub fn mel_filterbank(cfg: &FeatureConfig) -> Vec<Vec<f32>> {
 /// STFT plan, window and filterbank, built once.
 pub struct FeatureExtractor {
     cfg: FeatureConfig,
-    fft: Arc<dyn RealToComplex<f32>>,
+    fft: Arc<dyn Fft<f32>>,
     window: Vec<f32>,
     filters: Vec<Filter>,
 }
@@ -201,7 +202,7 @@ impl FeatureExtractor {
         if !(cfg.fmin >= 0.0 && cfg.fmin < fmax) {
             return bad(format!("need 0 ≤ fmin < fmax, got {} and {fmax}", cfg.fmin));
         }
-        let fft = RealFftPlanner::<f32>::new().plan_fft_forward(cfg.n_fft);
+        let fft = FftPlanner::<f32>::new().plan_fft_forward(cfg.n_fft);
         // Periodic Hann: scipy.signal.get_window('hann', n_fft, fftbins=True).
         let n = cfg.n_fft as f64;
         let window = (0..cfg.n_fft)
@@ -245,27 +246,28 @@ impl FeatureExtractor {
                 frames: signal.len(),
             };
         }
+        // `[bins, frames]`: each mel band is then a sum of whole rows, a
+        // loop over contiguous frames that the compiler vectorises.
         let spec = self.power(signal);
         let bins = self.cfg.n_fft / 2 + 1;
         let frames = self.frames(signal.len());
         if kind == FeatureKind::Spectrogram {
             return Features {
-                data: transpose(&spec, frames, bins),
+                data: spec,
                 bins,
                 frames,
             };
         }
         let n_mels = self.filters.len();
         let mut out = vec![0f32; n_mels * frames];
-        for t in 0..frames {
-            let row = &spec[t * bins..(t + 1) * bins];
-            for (m, f) in self.filters.iter().enumerate() {
-                let s: f32 = row[f.start..f.start + f.weights.len()]
-                    .iter()
-                    .zip(&f.weights)
-                    .map(|(a, b)| a * b)
-                    .sum();
-                out[m * frames + t] = s;
+        for (m, f) in self.filters.iter().enumerate() {
+            let dst = &mut out[m * frames..(m + 1) * frames];
+            for (j, &w) in f.weights.iter().enumerate() {
+                let k = f.start + j;
+                let src = &spec[k * frames..(k + 1) * frames];
+                for (d, &p) in dst.iter_mut().zip(src) {
+                    *d += w * p;
+                }
             }
         }
         if kind == FeatureKind::LogMel {
@@ -280,16 +282,17 @@ impl FeatureExtractor {
         }
     }
 
-    /// `|STFT|^power`, `[frames, bins]` (frame-major).
+    /// `|STFT|^power`, `[bins, frames]` (bin-major).
     fn power(&self, signal: &[f32]) -> Vec<f32> {
         let (n_fft, hop) = (self.cfg.n_fft, self.cfg.hop);
         let bins = n_fft / 2 + 1;
         let frames = self.frames(signal.len());
         let half = (n_fft / 2) as isize;
         let mut out = vec![0f32; frames * bins];
-        let mut input = vec![0f32; n_fft];
-        let mut spectrum = self.fft.make_output_vec();
-        let mut scratch = self.fft.make_scratch_vec();
+        let mut input = vec![Complex::new(0f32, 0f32); n_fft];
+        let mut scratch = vec![Complex::new(0f32, 0f32); self.fft.get_inplace_scratch_len()];
+        const BLOCK: usize = 16;
+        let mut block = vec![0f32; BLOCK * bins];
         let len = signal.len() as isize;
         for t in 0..frames {
             let start = t as isize * hop as isize - half;
@@ -300,30 +303,45 @@ impl FeatureExtractor {
                     .zip(&signal[s..s + n_fft])
                     .zip(&self.window)
                 {
-                    *o = x * w;
+                    *o = Complex::new(x * w, 0.0);
                 }
             } else {
                 for (i, (o, &w)) in input.iter_mut().zip(&self.window).enumerate() {
                     let j = start + i as isize;
-                    *o = if (0..len).contains(&j) {
-                        signal[j as usize] * w
-                    } else {
-                        0.0
-                    };
+                    *o = Complex::new(
+                        if (0..len).contains(&j) {
+                            signal[j as usize] * w
+                        } else {
+                            0.0
+                        },
+                        0.0,
+                    );
                 }
             }
             // Lengths match the plan, so this cannot fail.
-            let _ = self
-                .fft
-                .process_with_scratch(&mut input, &mut spectrum, &mut scratch);
-            let row = &mut out[t * bins..(t + 1) * bins];
+            self.fft.process_with_scratch(&mut input, &mut scratch);
+            let spectrum = &input[..bins];
+            // Frame-major into a block of BLOCK frames, written out bin-major
+            // a block at a time (one-element strided stores alias badly).
+            let j = t % BLOCK;
+            let row = &mut block[j * bins..(j + 1) * bins];
             if self.cfg.power == 2.0 {
-                for (o, c) in row.iter_mut().zip(&spectrum) {
+                for (o, c) in row.iter_mut().zip(spectrum) {
                     *o = c.re * c.re + c.im * c.im;
                 }
             } else {
-                for (o, c) in row.iter_mut().zip(&spectrum) {
-                    *o = (c.re * c.re + c.im * c.im).sqrt().powf(self.cfg.power);
+                let half = self.cfg.power / 2.0;
+                for (o, c) in row.iter_mut().zip(spectrum) {
+                    *o = (c.re * c.re + c.im * c.im).powf(half);
+                }
+            }
+            if j == BLOCK - 1 || t == frames - 1 {
+                let t0 = t - j;
+                for k in 0..bins {
+                    let dst = &mut out[k * frames + t0..k * frames + t + 1];
+                    for (jj, d) in dst.iter_mut().enumerate() {
+                        *d = block[jj * bins + k];
+                    }
                 }
             }
         }
@@ -356,16 +374,6 @@ pub fn db(x_in: f32) -> f32 {
     } else {
         v
     }
-}
-
-fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0f32; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = src[r * cols + c];
-        }
-    }
-    out
 }
 
 #[cfg(test)]
