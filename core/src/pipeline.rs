@@ -906,8 +906,14 @@ impl Worker {
                                 std::thread::sleep(policy.backoff(attempt + 1));
                                 continue;
                             }
-                            let mut err =
-                                SampleError::from_box(None, Some(key(shard)), "source", &e);
+                            // A shard that cannot be opened is named by its
+                            // first item's index and its path.
+                            let mut err = SampleError::from_box(
+                                Some(stream_index(shard, 0)),
+                                Some(key(shard)),
+                                "source",
+                                &e,
+                            );
                             err.attempts = attempt + 1;
                             if policy.skips() {
                                 self.stats.skipped[0] += 1;

@@ -101,6 +101,7 @@ fn open(path: &Option<PathBuf>, o: &TextOpts, cpus: usize) -> Result<TextCorpus,
             EmptyLines::Skip
         },
         index_threads: cpus,
+        ..CorpusOptions::default()
     };
     let corpus = TextCorpus::open(&path, &opts).map_err(|e| CliError::Usage(e.to_string()))?;
     if corpus.is_empty() {

@@ -461,17 +461,24 @@ impl AudioFiles {
     }
 }
 
+/// Every audio file under `dir`, following symlinks; a symlink loop is an
+/// error naming the path.
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    for e in std::fs::read_dir(dir)? {
-        let p = e?.path();
-        if p.is_dir() {
-            collect(&p, out)?;
-        } else if p
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+    for entry in walkdir::WalkDir::new(dir).follow_links(true) {
+        let entry = entry.map_err(|e| {
+            let at = e
+                .path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            std::io::Error::other(format!("{at}: {e}"))
+        })?;
+        let p = entry.path();
+        if entry.file_type().is_file()
+            && p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
         {
-            out.push(p);
+            out.push(p.to_path_buf());
         }
     }
     Ok(())

@@ -78,6 +78,9 @@ pub struct CorpusOptions {
     pub empty: EmptyLines,
     /// Threads (byte ranges) used to index each file.
     pub index_threads: usize,
+    /// Longest line read; a longer one is an error naming its file and line
+    /// (so a multi-gigabyte "line" is never allocated).
+    pub max_line_bytes: usize,
 }
 
 impl Default for CorpusOptions {
@@ -87,6 +90,7 @@ impl Default for CorpusOptions {
             utf8: Utf8Policy::Strict,
             empty: EmptyLines::Skip,
             index_threads: 2,
+            max_line_bytes: 64 << 20,
         }
     }
 }
@@ -114,12 +118,26 @@ impl LineFile {
         self.map.as_deref().unwrap_or(&[])
     }
 
-    /// Bytes of sample `i` (without the line ending).
-    fn line(&self, i: usize) -> &[u8] {
+    /// Bytes of sample `i` (without the line ending); `Err(())` when the
+    /// line is longer than `limit` (found without reading past the limit).
+    fn line(&self, i: usize, limit: usize) -> Result<&[u8], ()> {
         let data = self.data();
         let s = self.starts[i] as usize;
-        let end = memchr::memchr(b'\n', &data[s..]).map_or(data.len(), |e| s + e);
-        strip_cr(&data[s..end])
+        let window = &data[s..data.len().min(s.saturating_add(limit).saturating_add(2))];
+        match memchr::memchr(b'\n', window) {
+            Some(e) => {
+                let l = strip_cr(&window[..e]);
+                if l.len() > limit {
+                    Err(())
+                } else {
+                    Ok(l)
+                }
+            }
+            None if s + window.len() == data.len() && strip_cr(window).len() <= limit => {
+                Ok(strip_cr(window))
+            }
+            None => Err(()),
+        }
     }
 
     /// 1-based line number of sample `i`.
@@ -186,6 +204,93 @@ pub fn line_starts(data: &[u8], threads: usize) -> Vec<u64> {
     parts.concat()
 }
 
+/// Line starts of a file, read with positioned reads in blocks by `threads`
+/// threads on equal byte ranges (same result as [`line_starts`] on its bytes).
+pub fn file_line_starts(file: &File, len: u64, threads: usize) -> std::io::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: usize = 4 << 20;
+    let threads = if len < (8 << 20) {
+        1
+    } else {
+        threads.clamp(1, 64)
+    };
+    let step = len.div_ceil(threads as u64).max(1);
+    // Range [a, b): a start p in it when p == 0 or byte p - 1 is a newline.
+    let scan = |a: u64, b: u64| -> std::io::Result<Vec<u64>> {
+        let mut out = Vec::new();
+        if a >= b {
+            return Ok(out);
+        }
+        if a == 0 {
+            out.push(0);
+        }
+        let mut buf = vec![0u8; BLOCK];
+        let (mut pos, end) = (a.saturating_sub(1), b - 1);
+        while pos < end {
+            // Holes of a sparse file read as zeros: no newline there.
+            let (data, hole) = data_region(file, pos);
+            if data >= end {
+                break;
+            }
+            pos = pos.max(data);
+            let stop = end.min(hole);
+            while pos < stop {
+                let n = ((stop - pos) as usize).min(BLOCK);
+                file.read_exact_at(&mut buf[..n], pos)?;
+                out.extend(memchr::memchr_iter(b'\n', &buf[..n]).map(|q| pos + q as u64 + 1));
+                pos += n as u64;
+            }
+        }
+        Ok(out)
+    };
+    if threads == 1 {
+        return scan(0, len);
+    }
+    let parts: Vec<std::io::Result<Vec<u64>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads as u64)
+            .map(|t| {
+                let (a, b) = (t * step, ((t + 1) * step).min(len));
+                s.spawn(move || scan(a, b))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("an index thread panicked")))
+            })
+            .collect()
+    });
+    let mut all = Vec::new();
+    for p in parts {
+        all.extend(p?);
+    }
+    Ok(all)
+}
+
+/// The data region at or after `pos`: `(start, end)`, from `SEEK_DATA` /
+/// `SEEK_HOLE`; `(pos, u64::MAX)` where the file system cannot tell, and
+/// `(u64::MAX, _)` when only a hole remains.
+fn data_region(file: &File, pos: u64) -> (u64, u64) {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let Ok(at) = libc::off_t::try_from(pos) else {
+        return (pos, u64::MAX);
+    };
+    // SAFETY: lseek on a file descriptor this `File` owns; only its return
+    // value is used (reads are positioned), so the moved offset is harmless.
+    let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+    if data < 0 {
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ENXIO) => (u64::MAX, u64::MAX),
+            _ => (pos, u64::MAX),
+        };
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+    (data as u64, if hole < 0 { u64::MAX } else { hole as u64 })
+}
+
 /// A map-style source over the lines of `.txt`/`.jsonl` files. Output: [`Text`].
 pub struct TextCorpus {
     files: Vec<LineFile>,
@@ -238,14 +343,19 @@ impl TextCorpus {
                 Some(unsafe { Mmap::map(&f) }.map_err(io)?)
             };
             let data: &[u8] = map.as_deref().unwrap_or(&[]);
-            let all = line_starts(data, options.index_threads);
+            // Indexed with reads, not through the map, so that scanning a
+            // huge file does not leave it all mapped in (resident) memory.
+            let all = file_line_starts(&f, meta.len(), options.index_threads).map_err(io)?;
             let mut starts = Vec::with_capacity(all.len());
             let mut checkpoints = Vec::with_capacity(all.len() / LINE_CHECKPOINT + 1);
             for (line, &s) in all.iter().enumerate() {
                 let keep = options.empty == EmptyLines::Keep || {
+                    // Only a line's first non-blank byte is looked at.
                     let s = s as usize;
-                    let end = memchr::memchr(b'\n', &data[s..]).map_or(data.len(), |e| s + e);
-                    !data[s..end].iter().all(u8::is_ascii_whitespace)
+                    data[s..]
+                        .iter()
+                        .take_while(|&&b| b != b'\n')
+                        .any(|b| !b.is_ascii_whitespace())
                 };
                 if keep {
                     if starts.len() % LINE_CHECKPOINT == 0 {
@@ -313,9 +423,11 @@ impl TextCorpus {
         Some((&self.files[f], (index - self.offsets[f]) as usize))
     }
 
-    /// The raw bytes of sample `index`'s line.
+    /// The raw bytes of sample `index`'s line (`None` past the end or
+    /// beyond `max_line_bytes`).
     pub fn raw(&self, index: u64) -> Option<&[u8]> {
-        self.locate(index).map(|(f, i)| f.line(i))
+        self.locate(index)
+            .and_then(|(f, i)| f.line(i, self.options.max_line_bytes).ok())
     }
 
     /// `path` and 1-based line number of sample `index`.
@@ -334,7 +446,14 @@ impl Source for TextCorpus {
         let (f, i) = self.locate(index).ok_or_else(|| {
             BoxError::from(format!("index {index} is out of range ({})", self.len()))
         })?;
-        let raw = f.line(i);
+        let limit = self.options.max_line_bytes;
+        let raw = f.line(i, limit).map_err(|()| {
+            format!(
+                "{}:{}: the line is longer than {limit} bytes (the reader's max_line_bytes)",
+                f.path.display(),
+                f.line_number(i)
+            )
+        })?;
         let text = match std::str::from_utf8(raw) {
             Ok(s) => std::borrow::Cow::Borrowed(s),
             Err(e) if self.options.utf8 == Utf8Policy::Strict => {
@@ -383,17 +502,25 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
     }
 }
 
+/// Every `.txt`/`.jsonl` file under `dir`, following symlinks; a symlink
+/// loop is an error naming the path.
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.is_dir() {
-            collect_files(&path, out)?;
-        } else if path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| TEXT_EXTENSIONS.contains(&e))
+    for entry in walkdir::WalkDir::new(dir).follow_links(true) {
+        let entry = entry.map_err(|e| {
+            let at = e
+                .path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            std::io::Error::other(format!("{at}: {e}"))
+        })?;
+        let path = entry.path();
+        if entry.file_type().is_file()
+            && path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| TEXT_EXTENSIONS.contains(&e))
         {
-            out.push(path);
+            out.push(path.to_path_buf());
         }
     }
     Ok(())
@@ -438,6 +565,27 @@ mod tests {
         }
         assert!(data.len() > 1 << 20);
         assert_eq!(line_starts(&data, 3), line_starts_in(&data, 0..data.len()));
+    }
+
+    #[test]
+    fn file_index_by_reads_equals_the_in_memory_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big.txt");
+        let mut data = Vec::new();
+        for i in 0..700_000u32 {
+            data.extend_from_slice(format!("{i} {}\n", "x".repeat((i % 23) as usize)).as_bytes());
+        }
+        data.extend_from_slice(b"no final newline");
+        assert!(data.len() > 8 << 20);
+        std::fs::write(&p, &data).unwrap();
+        let f = File::open(&p).unwrap();
+        let want = line_starts_in(&data, 0..data.len());
+        for threads in [1, 2, 5] {
+            assert_eq!(
+                file_line_starts(&f, data.len() as u64, threads).unwrap(),
+                want
+            );
+        }
     }
 
     #[test]
