@@ -218,3 +218,25 @@ fn a_10_gb_sparse_line_is_refused_with_bounded_memory() {
     );
     assert!(Path::new(&path).exists());
 }
+
+/// Inputs the fuzzers (`fuzz/run.sh`) once crashed on: each must now be an
+/// error or an image, never a panic.
+#[test]
+fn fuzz_regressions_decode_without_panicking() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vision/fuzz");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let r = std::panic::catch_unwind(|| {
+            let _ = ferrofeed::vision::decode(&bytes, &ferrofeed::vision::DecodeOptions::default());
+            let stage = DecodeTransform::new(Transform::train(32));
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let ctx = StageCtx::detached(0, 0, 7, &stop);
+            let _ = stage.process(ferrofeed::stages::Bytes::from(bytes.clone()), &ctx);
+        });
+        assert!(r.is_ok(), "{} panics", path.display());
+        n += 1;
+    }
+    assert!(n >= 2);
+}

@@ -157,3 +157,136 @@ fn a_consumer_that_panics_mid_epoch_leaves_no_thread_behind() {
     assert!(r.is_err());
     assert_eq!(thread_count(), before);
 }
+
+/// Runs `f` on its own thread; a test that is still running after `limit`
+/// fails (a hang is reported, not waited on forever).
+fn watchdog<T: Send + 'static>(
+    name: &str,
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(v)) => v,
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(_) => panic!("{name}: still running after {limit:?} — a hang"),
+    }
+}
+
+/// Waits (at most 1 s) for the pool threads to go back to `before`.
+fn joined_within_a_second(before: usize, what: &str) {
+    let t = Instant::now();
+    while thread_count() > before {
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "{what}: {} pool threads left 1 s after the drop",
+            thread_count() - before
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn misbehaving_stages_and_consumers_never_hang_and_leave_no_thread() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = thread_count();
+
+    // A stage that panics on some samples, under `skip`.
+    watchdog("panicking stage", Duration::from_secs(20), || {
+        let p = Pipeline::builder(vals(5_000))
+            .map_with(
+                "explodes",
+                StageOptions::new().workers(Parallelism::Fixed(3)),
+                |v: Val, _: &StageCtx| {
+                    if v.0 % 1000 == 7 {
+                        panic!("boom at {}", v.0);
+                    }
+                    Ok::<_, BoxError>(v)
+                },
+            )
+            .batch_size(16)
+            .on_error(ErrorPolicy::Skip)
+            .collate(StackCollate::new().column::<Val>("v"))
+            .build()
+            .unwrap();
+        assert_eq!(collect_all(&p, 0).len(), 4_995);
+        assert_eq!(p.last_summary().unwrap().skipped.len(), 5);
+    });
+    joined_within_a_second(before, "panicking stage");
+
+    // A stage that blocks until released, with a per-stage timeout.
+    let (release, blocked) = std::sync::mpsc::channel::<()>();
+    let blocked = std::sync::Arc::new(Mutex::new(blocked));
+    watchdog("blocking stage", Duration::from_secs(20), move || {
+        let p = Pipeline::builder(vals(100))
+            .map_with(
+                "stuck",
+                StageOptions::new()
+                    .workers(Parallelism::Fixed(2))
+                    .timeout(Duration::from_millis(100)),
+                move |v: Val, _: &StageCtx| {
+                    if v.0 == 42 {
+                        let _ = blocked.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    }
+                    Ok::<_, BoxError>(v)
+                },
+            )
+            .batch_size(4)
+            .min_task_samples(1)
+            .collate(StackCollate::new().column::<Val>("v"))
+            .build()
+            .unwrap();
+        let err = p.epoch(0).find_map(Result::err).expect("the timeout fires");
+        assert_eq!((err.stage.as_str(), err.index), ("stuck", Some(42)));
+        // Released, the worker finishes and every thread can be joined.
+        release.send(()).unwrap();
+        let t = Instant::now();
+        drop(p);
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "drop took {:?}",
+            t.elapsed()
+        );
+    });
+    joined_within_a_second(before, "blocking stage");
+
+    // A consumer that stops early, mid-epoch, in a long epoch.
+    watchdog("early stop", Duration::from_secs(20), || {
+        let p = Pipeline::builder(vals(10_000_000))
+            .batch_size(8)
+            .collate(StackCollate::new().column::<Val>("v"))
+            .build()
+            .unwrap();
+        let got = p.epoch(0).take(3).filter(Result::is_ok).count();
+        assert_eq!(got, 3);
+        let t = Instant::now();
+        drop(p);
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "drop took {:?}",
+            t.elapsed()
+        );
+    });
+    joined_within_a_second(before, "early stop");
+
+    // A consumer that panics mid-epoch.
+    let r = std::panic::catch_unwind(|| {
+        watchdog("consumer panic", Duration::from_secs(20), || {
+            let p = Pipeline::builder(vals(10_000_000))
+                .batch_size(8)
+                .collate(StackCollate::new().column::<Val>("v"))
+                .build()
+                .unwrap();
+            for (i, b) in p.epoch(0).enumerate() {
+                b.unwrap();
+                assert!(i < 5, "consumer gives up at batch {i}");
+            }
+        })
+    });
+    assert!(r.is_err());
+    joined_within_a_second(before, "consumer panic");
+}

@@ -71,10 +71,34 @@ impl Decoded {
         };
         let file = File::open(path).map_err(|e| err(e.to_string()))?;
         let len = file.metadata().map_err(|e| err(e.to_string()))?.len();
+        Self::from_source(Box::new(file), len, path, opts)
+    }
+
+    /// Decodes a file held in memory (a tar member, a fuzz input); `name`
+    /// names it in errors and its extension hints the format.
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        name: &Path,
+        opts: &DecodeOptions,
+    ) -> Result<Decoded, AudioError> {
+        let len = bytes.len() as u64;
+        Self::from_source(Box::new(std::io::Cursor::new(bytes)), len, name, opts)
+    }
+
+    fn from_source(
+        source: Box<dyn symphonia::core::io::MediaSource>,
+        len: u64,
+        path: &Path,
+        opts: &DecodeOptions,
+    ) -> Result<Decoded, AudioError> {
+        let err = |m: String| AudioError::Decode {
+            path: path.to_path_buf(),
+            message: m,
+        };
         if len == 0 {
             return Err(err("empty file".into()));
         }
-        let mss = MediaSourceStream::new(Box::new(file), Default::default());
+        let mss = MediaSourceStream::new(source, Default::default());
         let mut hint = Hint::new();
         if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
             hint.with_extension(ext);

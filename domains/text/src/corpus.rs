@@ -454,40 +454,43 @@ impl Source for TextCorpus {
                 f.line_number(i)
             )
         })?;
-        let text = match std::str::from_utf8(raw) {
-            Ok(s) => std::borrow::Cow::Borrowed(s),
-            Err(e) if self.options.utf8 == Utf8Policy::Strict => {
-                return Err(format!(
-                    "{}:{}: invalid UTF-8 at byte {} of the line (lossy decoding, `--lossy-utf8`, replaces it)",
-                    f.path.display(),
-                    f.line_number(i),
-                    e.valid_up_to()
-                )
-                .into())
-            }
-            Err(_) => String::from_utf8_lossy(raw),
-        };
-        if !f.json {
-            return Ok(Text(text.into_owned()));
-        }
-        let where_ = || format!("{}:{}", f.path.display(), f.line_number(i));
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| format!("{}: not a JSON object: {e}", where_()))?;
-        match value.get(&self.options.field) {
-            Some(serde_json::Value::String(s)) => Ok(Text(s.clone())),
-            Some(other) => Err(format!(
-                "{}: field `{}` is {}, not a string",
-                where_(),
-                self.options.field,
-                json_kind(other)
-            )
-            .into()),
-            None => Err(format!("{}: no field `{}`", where_(), self.options.field).into()),
-        }
+        parse_line(raw, f.json, &self.options)
+            .map(Text)
+            .map_err(|e| format!("{}:{}: {e}", f.path.display(), f.line_number(i)).into())
     }
     fn key(&self, index: u64) -> Option<String> {
         self.position(index)
             .map(|(p, l)| format!("{}:{l}", p.display()))
+    }
+}
+
+/// The text of one raw line: UTF-8 checked (or replaced) per
+/// `options.utf8`, and for a JSON line, its `options.field` string. The
+/// error says what is wrong, without the file and line (the caller adds them).
+pub fn parse_line(raw: &[u8], json: bool, options: &CorpusOptions) -> Result<String, String> {
+    let text = match std::str::from_utf8(raw) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(e) if options.utf8 == Utf8Policy::Strict => {
+            return Err(format!(
+            "invalid UTF-8 at byte {} of the line (lossy decoding, `--lossy-utf8`, replaces it)",
+            e.valid_up_to()
+        ))
+        }
+        Err(_) => String::from_utf8_lossy(raw),
+    };
+    if !json {
+        return Ok(text.into_owned());
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("not a JSON object: {e}"))?;
+    match value.get(&options.field) {
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(format!(
+            "field `{}` is {}, not a string",
+            options.field,
+            json_kind(other)
+        )),
+        None => Err(format!("no field `{}`", options.field)),
     }
 }
 

@@ -253,6 +253,9 @@ pub fn jpeg_header(bytes: &[u8]) -> JpegHeader {
             break; // start of scan / end of image
         }
         let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
+        if len < 2 {
+            break; // a segment length counts its own two bytes: malformed
+        }
         let seg = &bytes[(i + 4).min(bytes.len())..(i + 2 + len).min(bytes.len())];
         let is_sof = matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC);
         if is_sof && seg.len() >= 5 && h.width == 0 {
