@@ -23,7 +23,13 @@ fuzz_target!(|data: &[u8]| {
     } else {
         None
     };
-    let mut chunker = Chunker::new(ChunkSpec { chunk: 4000, overlap: 1000 }, 16000);
+    let mut chunker = Chunker::new(
+        ChunkSpec {
+            chunk: 4000,
+            overlap: 1000,
+        },
+        16000,
+    );
     let mut out = Vec::new();
     let mut total = 0usize;
     while let Ok(Some(block)) = d.next_block() {
