@@ -61,7 +61,7 @@ pub struct AudioOpts {
     #[arg(long, value_enum, default_value = "error")]
     pub non_finite: NonFiniteArg,
     /// Files read together, chunk by chunk, so batches mix files and do not
-    /// end at every file. `auto`: up to 16, keeping at least four groups of
+    /// end at every file. `auto`: up to 16, keeping at least eight groups of
     /// files per worker so every worker has files to decode.
     #[arg(long, default_value = "auto", value_parser = super::parse_workers, value_name = "auto|N")]
     pub interleave: Parallelism,
@@ -222,7 +222,7 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
         .cpus(cpus)
         .interleave(match a.audio.interleave {
             Parallelism::Fixed(n) => n,
-            Parallelism::Auto => (paths.len() / (4 * c.workers.resolve(cpus)).max(1)).clamp(1, 16),
+            Parallelism::Auto => (paths.len() / (8 * c.workers.resolve(cpus)).max(1)).clamp(1, 16),
         })
         .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()))
         .collate(FeatureCollate);
