@@ -500,7 +500,7 @@ impl fmt::Debug for Tensor {
 
 /// A batch: named tensors (columns) and the dataset index of each row.
 pub struct Batch {
-    columns: Vec<(Arc<str>, Tensor)>,
+    columns: smallvec::SmallVec<[(Arc<str>, Tensor); 2]>,
     indices: smallvec::SmallVec<[u64; 4]>,
     pub(crate) lease: Option<std::sync::Arc<Lease>>,
     /// Position in the epoch: (plan batch, 0) for map-style sources, (shard
@@ -523,7 +523,7 @@ impl Batch {
     /// A batch with no columns for the given dataset indices.
     pub fn new(indices: Vec<u64>) -> Batch {
         Batch {
-            columns: Vec::with_capacity(2),
+            columns: smallvec::SmallVec::new(),
             indices: indices.into(),
             lease: None,
             pos: (0, 0),
