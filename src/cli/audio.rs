@@ -81,8 +81,8 @@ pub struct AudioArgs {
 pub struct InspectArgs {
     /// A folder of audio files; default: the embedded dataset.
     pub path: Option<PathBuf>,
-    /// Dataset index of the chunk: `file × 2^40 + chunk`, or the chunk's
-    /// position in the first file when below 2^40.
+    /// Dataset index of the chunk: `file × 2^40 + chunk` (as in `--dump`'s
+    /// indices), or, below 2^40, the N-th chunk of the dataset in file order.
     #[arg(long)]
     pub index: u64,
     #[command(flatten)]
