@@ -8,35 +8,11 @@ use ferrofeed::audio::stream::ChunkStream;
 use ferrofeed::audio::*;
 use ferrofeed::core::prelude::*;
 
+mod common;
+use common::npy_f32;
+
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/audio")
-}
-
-/// (shape, values) of a float32 `.npy`.
-fn npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
-    let bytes = std::fs::read(path).unwrap();
-    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    let h = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
-    assert!(
-        h.contains("'descr': '<f4'") && h.contains("'fortran_order': False"),
-        "{h}"
-    );
-    let shape = h
-        .split("'shape': (")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap();
-    let shape = shape
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
-    let v = bytes[10 + hlen..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (shape, v)
 }
 
 fn decode_all(path: &Path) -> (Vec<f32>, u32) {
@@ -208,24 +184,7 @@ fn the_pipeline_batches_chunks_of_every_file() {
 }
 
 fn wav_bytes(rate: u32, samples: &[f32]) -> Vec<u8> {
-    let mut v = Vec::new();
-    let data_len = (samples.len() * 4) as u32;
-    v.extend_from_slice(b"RIFF");
-    v.extend_from_slice(&(36 + data_len).to_le_bytes());
-    v.extend_from_slice(b"WAVEfmt ");
-    v.extend_from_slice(&16u32.to_le_bytes());
-    v.extend_from_slice(&3u16.to_le_bytes()); // IEEE float
-    v.extend_from_slice(&1u16.to_le_bytes());
-    v.extend_from_slice(&rate.to_le_bytes());
-    v.extend_from_slice(&(rate.wrapping_mul(4)).to_le_bytes());
-    v.extend_from_slice(&4u16.to_le_bytes());
-    v.extend_from_slice(&32u16.to_le_bytes());
-    v.extend_from_slice(b"data");
-    v.extend_from_slice(&data_len.to_le_bytes());
-    for s in samples {
-        v.extend_from_slice(&s.to_le_bytes());
-    }
-    v
+    common::wav(rate, samples, true, None)
 }
 
 #[test]

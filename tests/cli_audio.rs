@@ -1,76 +1,9 @@
 //! `ferrofeed audio` end to end, as CLI.md describes it.
 #![cfg(feature = "audio")]
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn run(cache: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrofeed"))
-        .env("FERROFEED_CACHE_DIR", cache)
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(cache: &Path, args: &[&str]) -> String {
-    let out = run(cache, args);
-    assert!(
-        out.status.success(),
-        "ferrofeed {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn header(path: &Path) -> (String, Vec<usize>, usize) {
-    let bytes = std::fs::read(path).unwrap();
-    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    let h = std::str::from_utf8(&bytes[10..10 + hlen])
-        .unwrap()
-        .to_string();
-    let descr = h
-        .split("'descr': '")
-        .nth(1)
-        .unwrap()
-        .split('\'')
-        .next()
-        .unwrap()
-        .to_string();
-    let shape = h
-        .split("'shape': (")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap();
-    let shape = shape
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
-    (descr, shape, 10 + hlen)
-}
-
-fn i64s(path: &Path) -> Vec<i64> {
-    let (_, _, off) = header(path);
-    std::fs::read(path).unwrap()[off..]
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(prefix))
-        .collect();
-    v.sort();
-    v
-}
-
-fn report(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
+mod common;
+use common::{files_with_prefix as files, npy, npy_i64, ok_in as ok, report, run_in as run};
 
 #[test]
 fn synthetic_dataset_to_logmel_batches() {
@@ -155,18 +88,18 @@ fn synthetic_dataset_to_logmel_batches() {
     assert_eq!(index.len(), 6);
     let mut chunks = 0;
     for f in files(&dump, "features_") {
-        let (descr, shape, _) = header(&f);
+        let (descr, shape, _) = npy(&f);
         assert_eq!(descr, "<f4");
         assert_eq!(&shape[1..], &[80, 201]);
         chunks += shape[0];
     }
     let lengths: Vec<i64> = files(&dump, "lengths_")
         .iter()
-        .flat_map(|f| i64s(f))
+        .flat_map(|f| npy_i64(f).1)
         .collect();
     let starts: Vec<i64> = files(&dump, "chunk_starts_")
         .iter()
-        .flat_map(|f| i64s(f))
+        .flat_map(|f| npy_i64(f).1)
         .collect();
     assert_eq!(lengths.len(), chunks);
     assert!(lengths.iter().all(|&l| (1..=201).contains(&l)));

@@ -1,70 +1,7 @@
 //! `ferrofeed text` end to end, as CLI.md describes it.
 #![cfg(feature = "text")]
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn run_in(cache: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrofeed"))
-        .env("FERROFEED_CACHE_DIR", cache)
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok_in(cache: &Path, args: &[&str]) -> String {
-    let out = run_in(cache, args);
-    assert!(
-        out.status.success(),
-        "ferrofeed {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn fail_in(cache: &Path, args: &[&str]) -> String {
-    let out = run_in(cache, args);
-    assert!(!out.status.success(), "ferrofeed {args:?} should fail");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// (shape, values) of an int64 `.npy`.
-fn npy_i64(path: &Path) -> (Vec<usize>, Vec<i64>) {
-    let bytes = std::fs::read(path).unwrap();
-    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    let h = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
-    assert!(h.contains("'descr': '<i8'"), "{h}");
-    let shape = h
-        .split("'shape': (")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap();
-    let shape = shape
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
-    let v = bytes[10 + hlen..]
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (shape, v)
-}
-
-fn files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(prefix))
-        .collect();
-    v.sort();
-    v
-}
-
-fn report(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
+mod common;
+use common::{fail_in, files_with_prefix as files, npy_i64, ok_in, report};
 
 #[test]
 fn bucketed_run_dumps_batches_within_the_budget() {

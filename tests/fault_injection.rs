@@ -17,6 +17,8 @@ use ferrofeed::text::{CorpusOptions, PadCollate, TextCorpus, TextTokenizer, Toke
 use ferrofeed::vision::{synth, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 use rand::Rng;
 
+mod common;
+
 const TOTAL: usize = 2000;
 
 /// Thread counts are process-wide: the tests of this file run one at a time.
@@ -238,25 +240,12 @@ fn vision_files() {
     assert_all_joined();
 }
 
+/// A 16 kHz 16-bit mono WAV of `samples` samples.
 fn wav(samples: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    let data = (samples * 2) as u32;
-    v.extend_from_slice(b"RIFF");
-    v.extend_from_slice(&(36 + data).to_le_bytes());
-    v.extend_from_slice(b"WAVEfmt ");
-    v.extend_from_slice(&16u32.to_le_bytes());
-    v.extend_from_slice(&1u16.to_le_bytes());
-    v.extend_from_slice(&1u16.to_le_bytes());
-    v.extend_from_slice(&16000u32.to_le_bytes());
-    v.extend_from_slice(&32000u32.to_le_bytes());
-    v.extend_from_slice(&2u16.to_le_bytes());
-    v.extend_from_slice(&16u16.to_le_bytes());
-    v.extend_from_slice(b"data");
-    v.extend_from_slice(&data.to_le_bytes());
-    for i in 0..samples {
-        v.extend_from_slice(&(((i * 37) % 2000) as i16 - 1000).to_le_bytes());
-    }
-    v
+    let x: Vec<f32> = (0..samples)
+        .map(|i| ((i * 37) % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    common::wav(16000, &x, false, None)
 }
 
 #[test]

@@ -13,6 +13,8 @@ use ferrofeed::stages::{ImageFolder, TarShards};
 use ferrofeed::text::{CorpusOptions, TextCorpus};
 use ferrofeed::vision::{synth, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 
+mod common;
+
 /// Memory is measured process-wide: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -99,22 +101,11 @@ fn a_wav_claiming_four_billion_samples_yields_what_it_holds() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("liar.wav");
-    let mut v = Vec::new();
-    v.extend_from_slice(b"RIFF");
-    v.extend_from_slice(&u32::MAX.to_le_bytes());
-    v.extend_from_slice(b"WAVEfmt ");
-    v.extend_from_slice(&16u32.to_le_bytes());
-    v.extend_from_slice(&1u16.to_le_bytes());
-    v.extend_from_slice(&1u16.to_le_bytes());
-    v.extend_from_slice(&16000u32.to_le_bytes());
-    v.extend_from_slice(&32000u32.to_le_bytes());
-    v.extend_from_slice(&2u16.to_le_bytes());
-    v.extend_from_slice(&16u16.to_le_bytes());
-    v.extend_from_slice(b"data");
-    v.extend_from_slice(&u32::MAX.to_le_bytes()); // 2^31 samples of 16 bits
-    for i in 0..16000i32 {
-        v.extend_from_slice(&(((i * 31) % 2000 - 1000) as i16).to_le_bytes());
-    }
+    let x: Vec<f32> = (0..16000)
+        .map(|i| ((i * 31) % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
+    // The data chunk claims 2^32 - 1 bytes: 2^31 samples.
+    let v = common::wav(16000, &x, false, Some(u32::MAX));
     std::fs::write(&path, &v).unwrap();
     let before = rss_mib();
     let opts = StreamOptions {

@@ -211,21 +211,15 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
     let paths = files.files().to_vec();
     let read = files.samples_read();
     let opts = StageOptions::new().workers(c.workers);
-    let mut b = Pipeline::builder_iterable(files)
+    let b = Pipeline::builder_iterable(files)
         .stage_with("features", opts, stage)
         .batch_size(c.batch_size)
-        .shuffle(c.shuffle)
-        .seed(c.seed)
-        .drop_last(c.drop_last)
-        .shard(c.shard()?)
-        .on_error(c.on_error)
-        .cpus(cpus)
         .interleave(match a.audio.interleave {
             Parallelism::Fixed(n) => n,
             Parallelism::Auto => (paths.len() / (8 * c.workers.resolve(cpus)).max(1)).clamp(1, 16),
         })
-        .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()))
         .collate(FeatureCollate);
+    let mut b = c.configure(b, &resources, cpus)?;
     let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());
     if c.shuffle {
         // Mixes the chunks of the files open at once. The buffer sits before
@@ -233,9 +227,6 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
         let chunk_bytes = (a.audio.chunk_seconds * f64::from(a.audio.sample_rate) * 4.0).max(1.0);
         let items = ((budget as f64 / 4.0) / chunk_bytes).clamp(1.0, 256.0) as usize;
         b = b.shuffle_buffer(items);
-    }
-    if c.trace.is_some() {
-        b = b.trace(1_000_000);
     }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || Ok(index_entries(&paths));

@@ -78,6 +78,9 @@ pub struct MakeArgs {
     pub seed: u64,
 }
 
+/// Events kept in a `--trace` file (about 100 bytes each).
+pub const TRACE_EVENTS: usize = 1_000_000;
+
 /// Flags every domain subcommand takes.
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
@@ -135,6 +138,32 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
+    /// The flags every domain shares, applied to a builder: shuffle, seed,
+    /// drop-last, shard, error policy, CPUs, byte budget and tracing.
+    pub fn configure(
+        &self,
+        b: ferrofeed_core::PipelineBuilder,
+        resources: &ferrofeed_core::resources::Resources,
+        cpus: usize,
+    ) -> Result<ferrofeed_core::PipelineBuilder, run::CliError> {
+        let b = b
+            .shuffle(self.shuffle)
+            .seed(self.seed)
+            .drop_last(self.drop_last)
+            .shard(self.shard()?)
+            .on_error(self.on_error)
+            .cpus(cpus)
+            .max_bytes_in_flight(
+                self.max_bytes_in_flight
+                    .unwrap_or(resources.default_budget()),
+            );
+        Ok(if self.trace.is_some() {
+            b.trace(TRACE_EVENTS)
+        } else {
+            b
+        })
+    }
+
     /// The shard from the flags, falling back to the environment.
     pub fn shard(&self) -> Result<ferrofeed_core::Shard, run::CliError> {
         let env =

@@ -172,14 +172,7 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
     };
     let truncated = cache.truncated();
     let lengths = cache.lengths();
-    let mut b = Pipeline::builder(cache)
-        .shuffle(c.shuffle)
-        .seed(c.seed)
-        .drop_last(c.drop_last)
-        .shard(c.shard()?)
-        .on_error(c.on_error)
-        .cpus(cpus)
-        .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()));
+    let mut b = c.configure(Pipeline::builder(cache), &resources, cpus)?;
     let mut expected_waste = None;
     if let Some(t) = o.max_tokens {
         let sampler = TokenBudget::new(lengths, t)
@@ -204,9 +197,6 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
         b = b.collate(col);
         s
     };
-    if c.trace.is_some() {
-        b = b.trace(1_000_000);
-    }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || {
         Ok((0..corpus.len())

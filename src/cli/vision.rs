@@ -110,9 +110,6 @@ pub struct InspectArgs {
     pub vision: VisionOpts,
 }
 
-/// Events kept in a `--trace` file (about 100 bytes each).
-const TRACE_EVENTS: usize = 1_000_000;
-
 /// Size of the embedded default dataset.
 pub const DEFAULT_COUNT: u64 = 2048;
 
@@ -243,20 +240,13 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
-    let mut b = builder_for(&ds, stage, c.workers)
+    let b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
-        .shuffle(c.shuffle)
-        .seed(c.seed)
-        .drop_last(c.drop_last)
-        .shard(c.shard()?)
-        .on_error(c.on_error)
-        .cpus(cpus)
-        .max_bytes_in_flight(c.max_bytes_in_flight.unwrap_or(resources.default_budget()))
         .collate(ferrofeed_vision::collate().buffers(Arc::new(pool)));
-    if c.trace.is_some() {
-        b = b.trace(TRACE_EVENTS);
-    }
-    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let pipeline = c
+        .configure(b, &resources, cpus)?
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || index_entries(&ds);
     run_epochs(RunSpec::new("vision", &pipeline, c, &index, &resources))
 }
