@@ -276,3 +276,60 @@ fn hostile_files_are_named_errors_under_the_policy() {
         "{e}"
     );
 }
+
+#[test]
+fn channels_can_be_kept_one_plane_each() {
+    let path = data().join("c_stereo_16k.flac");
+    let mut d = Decoded::open(&path, &DecodeOptions::default()).unwrap();
+    let (mut left, mut right): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+    while let Some(p) = d.next_channels().unwrap() {
+        assert_eq!(p.len(), 2);
+        left.extend(&p[0]);
+        right.extend(&p[1]);
+    }
+    assert_eq!(left.len(), 16000);
+    let (mono, _) = decode_all(&path);
+    for i in (0..16000).step_by(997) {
+        assert!((mono[i] - (left[i] + right[i]) / 2.0).abs() < 1e-6);
+    }
+
+    let opts = StreamOptions {
+        chunk_seconds: 0.5,
+        keep_channels: true,
+        ..StreamOptions::default()
+    };
+    let chunks: Vec<AudioChunk> = ChunkStream::open(&path, &opts)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(chunks.len(), 2);
+    assert!(chunks
+        .iter()
+        .all(|c| c.channels == 2 && c.samples.len() == 16000));
+    assert_eq!(&chunks[1].samples[..8000], &left[8000..]);
+    assert_eq!(&chunks[1].samples[8000..], &right[8000..]);
+
+    let files = AudioFiles::scan(&path, opts).unwrap();
+    let p = Pipeline::builder_iterable(files)
+        .stage(
+            "logmel",
+            FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+        )
+        .batch_size(4)
+        .collate(FeatureCollate)
+        .build()
+        .unwrap();
+    let b = p.epoch(0).next().unwrap().unwrap();
+    let f = b.get("features").unwrap();
+    assert_eq!(f.shape(), &[2, 2, 80, 51]);
+    let fx = FeatureExtractor::new(FeatureConfig::default()).unwrap();
+    let want_right = fx.compute(&right[..8000], FeatureKind::LogMel);
+    let row = b.indices().iter().position(|&i| i & 0xff == 0).unwrap();
+    let v = f.as_slice::<f32>().unwrap();
+    let plane = &v[row * 2 * 80 * 51 + 80 * 51..(row + 1) * 2 * 80 * 51];
+    assert_eq!(
+        plane,
+        &want_right.data[..],
+        "the second plane is the right channel"
+    );
+}

@@ -179,3 +179,73 @@ fn bad_files_and_flags_give_clear_errors() {
         );
     }
 }
+
+#[test]
+fn channels_keep_gives_a_plane_per_channel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("stereo");
+    let d = data.to_str().unwrap();
+    ok(
+        &cache,
+        &[
+            "make-dataset",
+            "audio",
+            d,
+            "--count",
+            "3",
+            "--channels",
+            "2",
+            "--min-seconds",
+            "1",
+            "--max-seconds",
+            "2",
+        ],
+    );
+    let dump = tmp.path().join("dump");
+    ok(
+        &cache,
+        &[
+            "audio",
+            d,
+            "--channels",
+            "keep",
+            "--chunk-seconds",
+            "1",
+            "--dump",
+            dump.to_str().unwrap(),
+            "--quiet",
+        ],
+    );
+    for f in files(&dump, "features_") {
+        let (descr, shape, _) = npy(&f);
+        assert_eq!(descr, "<f4");
+        assert_eq!(&shape[1..], &[2, 80, 101]);
+    }
+    // A mono file among stereo ones: the batch that mixes them fails, naming a sample.
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/audio/a_tone_16k.wav"),
+        data.join("zz_mono.wav"),
+    )
+    .unwrap();
+    let out = run(
+        &cache,
+        &[
+            "audio",
+            d,
+            "--channels",
+            "keep",
+            "--chunk-seconds",
+            "1",
+            "--interleave",
+            "4",
+            "--quiet",
+        ],
+    );
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("channels × bins × frames") && e.contains("collate"),
+        "{e}"
+    );
+}

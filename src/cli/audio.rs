@@ -34,6 +34,14 @@ pub enum NonFiniteArg {
     Zero,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ChannelsArg {
+    /// Average the channels.
+    Mono,
+    /// Keep every channel.
+    Keep,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct AudioOpts {
     /// Target sample rate; other rates are resampled.
@@ -60,6 +68,11 @@ pub struct AudioOpts {
     /// NaN or infinite samples in a file.
     #[arg(long, value_enum, default_value = "error")]
     pub non_finite: NonFiniteArg,
+    /// `mono`: mix channels (features [N, n_mels, frames]); `keep`: one
+    /// plane per channel (features [N, channels, n_mels, frames]; a batch
+    /// mixing channel counts fails naming the sample).
+    #[arg(long, value_enum, default_value = "mono")]
+    pub channels: ChannelsArg,
     /// Files read together, chunk by chunk, so batches mix files and do not
     /// end at every file. `auto`: up to 16, keeping at least eight groups of
     /// files per worker so every worker has files to decode.
@@ -163,6 +176,7 @@ fn open(path: &Option<PathBuf>, o: &AudioOpts, quiet: bool) -> Result<AudioFiles
         sample_rate: o.sample_rate,
         chunk_seconds: o.chunk_seconds,
         overlap_seconds: o.overlap_seconds,
+        keep_channels: o.channels == ChannelsArg::Keep,
         decode: DecodeOptions {
             non_finite: match o.non_finite {
                 NonFiniteArg::Error => NonFinite::Error,

@@ -169,8 +169,18 @@ impl Decoded {
         &self.path
     }
 
-    /// The next block of mono samples; `None` at the end.
+    /// The next block of mono samples (channels averaged); `None` at the end.
     pub fn next_block(&mut self) -> Result<Option<Vec<f32>>, AudioError> {
+        Ok(self.next_planar(false)?.map(|mut c| c.swap_remove(0)))
+    }
+
+    /// The next block with every channel kept: one vector per channel, all
+    /// of the same length; `None` at the end.
+    pub fn next_channels(&mut self) -> Result<Option<Vec<Vec<f32>>>, AudioError> {
+        self.next_planar(true)
+    }
+
+    fn next_planar(&mut self, keep: bool) -> Result<Option<Vec<Vec<f32>>>, AudioError> {
         let err = |m: String| AudioError::Decode {
             path: self.path.clone(),
             message: m,
@@ -198,44 +208,64 @@ impl Decoded {
                 }
             };
             let ch = buf.spec().channels().count().max(1);
-            let mut mono = Vec::new();
+            let mut planes: Vec<Vec<f32>> = Vec::new();
             if ch == 1 {
+                let mut mono = Vec::new();
                 buf.copy_to_vec_interleaved(&mut mono);
+                planes.push(mono);
             } else {
                 buf.copy_to_vec_interleaved(&mut self.interleaved);
-                mono.reserve(self.interleaved.len() / ch);
-                let inv = 1.0 / ch as f32;
-                mono.extend(
-                    self.interleaved
-                        .chunks_exact(ch)
-                        .map(|f| f.iter().sum::<f32>() * inv),
-                );
-            }
-            if let Some(i) = mono.iter().position(|x| !x.is_finite()) {
-                match self.opts.non_finite {
-                    NonFinite::Error => {
-                        return Err(AudioError::Decode {
-                            path: self.path.clone(),
-                            message: format!(
-                            "sample {} is {} (decode with non-finite samples zeroed to accept it)",
-                            self.position + i as u64,
-                            mono[i]
-                        ),
+                let frames = self.interleaved.len() / ch;
+                if keep {
+                    planes = (0..ch)
+                        .map(|c| {
+                            self.interleaved
+                                .iter()
+                                .skip(c)
+                                .step_by(ch)
+                                .copied()
+                                .collect()
                         })
-                    }
-                    NonFinite::Zero => {
-                        for x in &mut mono[i..] {
-                            if !x.is_finite() {
-                                *x = 0.0;
-                                self.sanitized += 1;
+                        .collect();
+                } else {
+                    let inv = 1.0 / ch as f32;
+                    let mut mono = Vec::with_capacity(frames);
+                    mono.extend(
+                        self.interleaved
+                            .chunks_exact(ch)
+                            .map(|f| f.iter().sum::<f32>() * inv),
+                    );
+                    planes.push(mono);
+                }
+            }
+            for plane in &mut planes {
+                if let Some(i) = plane.iter().position(|x| !x.is_finite()) {
+                    match self.opts.non_finite {
+                        NonFinite::Error => {
+                            return Err(AudioError::Decode {
+                                path: self.path.clone(),
+                                message: format!(
+                                "sample {} is {} (decode with non-finite samples zeroed to accept it)",
+                                self.position + i as u64,
+                                plane[i]
+                            ),
+                            })
+                        }
+                        NonFinite::Zero => {
+                            for x in &mut plane[i..] {
+                                if !x.is_finite() {
+                                    *x = 0.0;
+                                    self.sanitized += 1;
+                                }
                             }
                         }
                     }
                 }
             }
-            self.position += mono.len() as u64;
-            if !mono.is_empty() {
-                return Ok(Some(mono));
+            let n = planes.first().map_or(0, Vec::len);
+            self.position += n as u64;
+            if n > 0 {
+                return Ok(Some(planes));
             }
         }
     }

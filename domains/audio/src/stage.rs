@@ -2,7 +2,8 @@
 //!
 //! [`FeatureStage`] turns an [`AudioChunk`] into [`ChunkFeatures`] with one
 //! shared [`FeatureExtractor`] (FFT plan and filterbank built once).
-//! [`FeatureCollate`] stacks them: `features` f32 `[N, bins, frames]`,
+//! [`FeatureCollate`] stacks them: `features` f32 `[N, bins, frames]`
+//! (`[N, channels, bins, frames]` when channels are kept),
 //! `lengths` i64 `[N]` (valid frames: `1 + valid_samples / hop`, or valid
 //! samples for waveforms) and `chunk_starts` i64 `[N]`.
 //!
@@ -10,7 +11,7 @@
 //! use ferrofeed_audio::{AudioChunk, FeatureConfig, FeatureKind, FeatureStage};
 //! use ferrofeed_core::{Stage, StageCtx};
 //! let stage = FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap();
-//! let chunk = AudioChunk { samples: vec![0.1; 16000], valid: 8000, start: 0, sample_rate: 16000 };
+//! let chunk = AudioChunk { samples: vec![0.1; 16000], channels: 1, valid: 8000, start: 0, sample_rate: 16000 };
 //! let stop = std::sync::atomic::AtomicBool::new(false);
 //! let f = stage.process(chunk, &StageCtx::detached(0, 0, 0, &stop)).unwrap();
 //! assert_eq!((f.features.bins, f.features.frames, f.valid), (80, 101, 51));
@@ -29,8 +30,11 @@ use crate::AudioError;
 /// The features of one chunk.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChunkFeatures {
-    /// `[bins, frames]`.
+    /// `[bins, frames]`, or `[channels, bins, frames]` flattened into `data`
+    /// when channels are kept.
     pub features: Features,
+    /// Channels (1 unless kept).
+    pub channels: usize,
     /// Frames (or samples, for waveforms) computed from real audio.
     pub valid: usize,
     /// First sample of the chunk in its file.
@@ -49,8 +53,13 @@ impl Component for ChunkFeatures {
             .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
                 (a.min(x), b.max(x))
             });
+        let ch = if self.channels > 1 {
+            format!("{} × ", self.channels)
+        } else {
+            String::new()
+        };
         format!(
-            "[{} × {}] ({} valid) from sample {}, range {lo:.2}..{hi:.2}",
+            "[{ch}{} × {}] ({} valid) from sample {}, range {lo:.2}..{hi:.2}",
             self.features.bins, self.features.frames, self.valid, self.start
         )
     }
@@ -85,13 +94,22 @@ impl Stage for FeatureStage {
             )
             .into());
         }
-        let features = self.fx.compute(&c.samples, self.kind);
+        let channels = c.channels.max(1);
+        let plane = c.samples.len() / channels;
+        let mut features = self.fx.compute(&c.samples[..plane], self.kind);
+        for ch in 1..channels {
+            let f = self
+                .fx
+                .compute(&c.samples[ch * plane..(ch + 1) * plane], self.kind);
+            features.data.extend_from_slice(&f.data);
+        }
         let valid = match self.kind {
             FeatureKind::Waveform => c.valid,
             _ => self.fx.frames(c.valid).min(features.frames),
         };
         Ok(ChunkFeatures {
             features,
+            channels,
             valid,
             start: c.start,
         })
@@ -115,24 +133,31 @@ impl Collate for FeatureCollate {
             sample: None,
             message: "empty batch".into(),
         })?;
-        let (bins, frames) = (first.features.bins, first.features.frames);
-        let mut t = Tensor::zeros(DType::F32, &[fs.len(), bins, frames]);
+        let (bins, frames, channels) = (first.features.bins, first.features.frames, first.channels);
+        // Mono: [N, bins, frames]; channels kept: [N, channels, bins, frames].
+        let shape: Vec<usize> = if channels == 1 {
+            vec![fs.len(), bins, frames]
+        } else {
+            vec![fs.len(), channels, bins, frames]
+        };
+        let per = channels * bins * frames;
+        let mut t = Tensor::zeros(DType::F32, &shape);
         {
             let out = t.as_slice_mut::<f32>().map_err(|e| CollateError {
                 sample: None,
                 message: e.to_string(),
             })?;
             for (i, f) in fs.iter().enumerate() {
-                if (f.features.bins, f.features.frames) != (bins, frames) {
+                if (f.channels, f.features.bins, f.features.frames) != (channels, bins, frames) {
                     return Err(CollateError {
                         sample: Some(i),
                         message: format!(
-                            "features [{} × {}] differ from the batch's [{bins} × {frames}]",
-                            f.features.bins, f.features.frames
+                            "features [{} × {} × {}] (channels × bins × frames) differ from the batch's [{channels} × {bins} × {frames}]",
+                            f.channels, f.features.bins, f.features.frames
                         ),
                     });
                 }
-                out[i * bins * frames..(i + 1) * bins * frames].copy_from_slice(&f.features.data);
+                out[i * per..(i + 1) * per].copy_from_slice(&f.features.data);
             }
         }
         let lengths: Vec<i64> = fs.iter().map(|f| f.valid as i64).collect();

@@ -38,8 +38,11 @@ use crate::AudioError;
 /// A chunk of mono audio at the target rate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AudioChunk {
-    /// `chunk` samples (zero-padded after `valid`).
+    /// `channels × chunk` samples, one plane per channel, each zero-padded
+    /// after `valid`.
     pub samples: Vec<f32>,
+    /// Planes in `samples` (1 unless channels are kept).
+    pub channels: usize,
     /// Real samples at the front.
     pub valid: usize,
     /// Index of the first sample in its file (at the target rate).
@@ -55,8 +58,9 @@ impl Component for AudioChunk {
     fn describe(&self) -> String {
         let peak = self.samples.iter().fold(0f32, |m, x| m.max(x.abs()));
         format!(
-            "{} samples at {} Hz ({} real) from sample {}, peak {peak:.3}",
-            self.samples.len(),
+            "{} × {} samples at {} Hz ({} real) from sample {}, peak {peak:.3}",
+            self.channels,
+            self.samples.len() / self.channels.max(1),
             self.sample_rate,
             self.valid,
             self.start
@@ -134,6 +138,7 @@ impl Chunker {
             let a = (self.next_start - self.buf_start) as usize;
             out.extend(std::iter::once(AudioChunk {
                 samples: self.buf[a..a + self.spec.chunk].to_vec(),
+                channels: 1,
                 valid: self.spec.chunk,
                 start: self.next_start,
                 sample_rate: self.rate,
@@ -159,6 +164,7 @@ impl Chunker {
             samples.resize(self.spec.chunk, 0.0);
             out.extend(std::iter::once(AudioChunk {
                 samples,
+                channels: 1,
                 valid,
                 start: self.next_start,
                 sample_rate: self.rate,
@@ -292,6 +298,9 @@ pub struct StreamOptions {
     pub chunk_seconds: f64,
     /// Overlap between consecutive chunks, seconds.
     pub overlap_seconds: f64,
+    /// Keep every channel (chunks hold `channels` planes) instead of mixing
+    /// to mono.
+    pub keep_channels: bool,
     /// Decoding options.
     pub decode: DecodeOptions,
 }
@@ -302,17 +311,26 @@ impl Default for StreamOptions {
             sample_rate: 16000,
             chunk_seconds: 10.0,
             overlap_seconds: 0.0,
+            keep_channels: false,
             decode: DecodeOptions::default(),
         }
     }
 }
 
-/// The chunks of one file, produced as it decodes.
-pub struct ChunkStream {
-    decoded: Decoded,
+/// One channel's way from decoded blocks to chunks.
+struct Lane {
     resampler: Option<StreamResampler>,
     chunker: Chunker,
     ready: VecDeque<AudioChunk>,
+}
+
+/// The chunks of one file, produced as it decodes.
+pub struct ChunkStream {
+    decoded: Decoded,
+    keep: bool,
+    lanes: Vec<Lane>,
+    spec: ChunkSpec,
+    rate: u32,
     scratch: Vec<f32>,
     done: bool,
     counter: Option<Arc<AtomicU64>>,
@@ -324,60 +342,119 @@ impl ChunkStream {
         let spec =
             ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
         let decoded = Decoded::open(path, &opts.decode)?;
-        let resampler = if decoded.sample_rate() == opts.sample_rate {
-            None
-        } else {
-            Some(StreamResampler::new(
-                decoded.sample_rate(),
-                opts.sample_rate,
-            )?)
-        };
-        Ok(ChunkStream {
+        let mut s = ChunkStream {
             decoded,
-            resampler,
-            chunker: Chunker::new(spec, opts.sample_rate),
-            ready: VecDeque::new(),
+            keep: opts.keep_channels,
+            lanes: Vec::new(),
+            spec,
+            rate: opts.sample_rate,
             scratch: Vec::new(),
             done: false,
             counter: None,
-        })
+        };
+        let n = if s.keep { s.decoded.channels() } else { 1 };
+        for _ in 0..n {
+            s.add_lane()?;
+        }
+        Ok(s)
     }
 
-    fn step(&mut self) -> Result<(), AudioError> {
-        let named = |e: AudioError, p: &Path| match e {
+    fn add_lane(&mut self) -> Result<(), AudioError> {
+        let resampler = if self.decoded.sample_rate() == self.rate {
+            None
+        } else {
+            Some(StreamResampler::new(self.decoded.sample_rate(), self.rate)?)
+        };
+        self.lanes.push(Lane {
+            resampler,
+            chunker: Chunker::new(self.spec, self.rate),
+            ready: VecDeque::new(),
+        });
+        Ok(())
+    }
+
+    fn named(&self, e: AudioError) -> AudioError {
+        match e {
             AudioError::Config(m) => AudioError::Decode {
-                path: p.to_path_buf(),
+                path: self.decoded.path().to_path_buf(),
                 message: m,
             },
             e => e,
+        }
+    }
+
+    fn step(&mut self) -> Result<(), AudioError> {
+        let block = if self.keep {
+            self.decoded.next_channels()?
+        } else {
+            self.decoded.next_block()?.map(|b| vec![b])
         };
-        match self.decoded.next_block()? {
-            Some(block) => match &mut self.resampler {
-                Some(r) => {
-                    self.scratch.clear();
-                    r.push(&block, &mut self.scratch)
-                        .map_err(|e| named(e, self.decoded.path()))?;
-                    self.chunker.push(&self.scratch, &mut self.ready);
+        match block {
+            Some(planes) => {
+                if planes.len() != self.lanes.len() {
+                    return Err(self.named(AudioError::Config(format!(
+                        "the stream changed from {} to {} channels",
+                        self.lanes.len(),
+                        planes.len()
+                    ))));
                 }
-                None => self.chunker.push(&block, &mut self.ready),
-            },
+                for (lane, plane) in self.lanes.iter_mut().zip(&planes) {
+                    match &mut lane.resampler {
+                        Some(r) => {
+                            self.scratch.clear();
+                            if let Err(e) = r.push(plane, &mut self.scratch) {
+                                let e = AudioError::Decode {
+                                    path: self.decoded.path().to_path_buf(),
+                                    message: e.to_string(),
+                                };
+                                return Err(e);
+                            }
+                            lane.chunker.push(&self.scratch, &mut lane.ready);
+                        }
+                        None => lane.chunker.push(plane, &mut lane.ready),
+                    }
+                }
+            }
             None => {
                 self.done = true;
-                if let Some(r) = &mut self.resampler {
-                    self.scratch.clear();
-                    r.finish(&mut self.scratch)
-                        .map_err(|e| named(e, self.decoded.path()))?;
-                    self.chunker.push(&self.scratch, &mut self.ready);
+                let path = self.decoded.path().to_path_buf();
+                let named = |e: AudioError| match e {
+                    AudioError::Config(m) => AudioError::Decode {
+                        path: path.clone(),
+                        message: m,
+                    },
+                    e => e,
+                };
+                for lane in &mut self.lanes {
+                    if let Some(r) = &mut lane.resampler {
+                        self.scratch.clear();
+                        r.finish(&mut self.scratch).map_err(named)?;
+                        lane.chunker.push(&self.scratch, &mut lane.ready);
+                    }
+                    lane.chunker.finish(&mut lane.ready).map_err(named)?;
                 }
-                self.chunker
-                    .finish(&mut self.ready)
-                    .map_err(|e| named(e, self.decoded.path()))?;
-                if let Some(c) = &self.counter {
-                    c.fetch_add(self.chunker.total(), Ordering::Relaxed);
+                if let (Some(c), Some(lane)) = (&self.counter, self.lanes.first()) {
+                    c.fetch_add(lane.chunker.total(), Ordering::Relaxed);
                 }
             }
         }
         Ok(())
+    }
+
+    /// The next chunk when every lane has one (lanes advance in step).
+    fn pop(&mut self) -> Option<AudioChunk> {
+        if self.lanes.iter().any(|l| l.ready.is_empty()) {
+            return None;
+        }
+        let mut parts = self.lanes.iter_mut().filter_map(|l| l.ready.pop_front());
+        let mut first = parts.next()?;
+        let mut channels = 1;
+        for p in parts {
+            first.samples.extend_from_slice(&p.samples);
+            channels += 1;
+        }
+        first.channels = channels;
+        Some(first)
     }
 }
 
@@ -385,7 +462,7 @@ impl Iterator for ChunkStream {
     type Item = Result<AudioChunk, AudioError>;
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if let Some(c) = self.ready.pop_front() {
+            if let Some(c) = self.pop() {
                 return Some(Ok(c));
             }
             if self.done {
