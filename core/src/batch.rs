@@ -572,7 +572,8 @@ impl Batch {
         self.extras.iter().find_map(|e| e.downcast_ref::<T>())
     }
     /// The batch's position in its epoch's plan: the plan batch for
-    /// map-style sources, `(shard position, part)` for iterable ones.
+    /// map-style sources, `(shard group position, part)` for iterable ones
+    /// (a group is one shard unless `interleave` is set).
     pub fn position(&self) -> (u64, u64) {
         self.pos
     }

@@ -1967,7 +1967,7 @@ pub struct EpochIter<'p> {
     start: Instant,
     batches_hint: Option<usize>,
     epoch: u64,
-    /// Where the next batch starts: `(plan batch, 0)` or `(shard position,
+    /// Where the next batch starts: `(plan batch, 0)` or `(shard group position,
     /// part)`.
     position: (u64, u64),
     /// Recent per-batch waits, for the slow-batch warning.

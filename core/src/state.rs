@@ -4,7 +4,7 @@
 //!
 //! The order of an epoch is a pure function of `(seed, epoch, shard)`, so
 //! the position is just the epoch and the next batch (or, for an iterable
-//! source, the next shard position and part) — nothing else has to be saved.
+//! source, the next shard group position and part) — nothing else has to be saved.
 //!
 //! ```
 //! use ferrofeed_core::prelude::*;
@@ -40,7 +40,7 @@ pub struct PipelineState {
     pub seed: u64,
     /// The epoch to continue.
     pub epoch: u64,
-    /// `[next plan batch, 0]` (map-style) or `[shard position, next part]`
+    /// `[next plan batch, 0]` (map-style) or `[shard group position, next part]`
     /// (iterable).
     pub position: (u64, u64),
     /// Length of a map-style dataset.
