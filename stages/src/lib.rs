@@ -19,5 +19,5 @@ pub mod readers;
 
 pub use components::{Bytes, FilePath, Label};
 pub use readers::files::{Files, LabeledFiles, ReadFile};
-pub use readers::folder::{ImageFolder, ScanError};
+pub use readers::folder::{walk_files, ImageFolder, ScanError};
 pub use readers::tar::{TarError, TarShards};

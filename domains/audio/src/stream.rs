@@ -210,14 +210,18 @@ impl StreamResampler {
         })
     }
 
-    fn emit(&mut self, mut block: Vec<f32>, out: &mut Vec<f32>) {
-        if self.skip > 0 {
-            let s = self.skip.min(block.len());
-            block.drain(..s);
-            self.skip -= s;
-        }
-        let want = self.expected() - self.n_out;
-        let take = (block.len() as u64).min(want) as usize;
+    /// Appends `block` once the resampler's delay is trimmed off the front
+    /// of the stream; at its end (`tail`), no further than the expected total.
+    fn emit(&mut self, mut block: Vec<f32>, out: &mut Vec<f32>, tail: bool) {
+        let s = self.skip.min(block.len());
+        block.drain(..s);
+        self.skip -= s;
+        let take = if tail {
+            let want = self.expected().saturating_sub(self.n_out);
+            (block.len() as u64).min(want) as usize
+        } else {
+            block.len()
+        };
         out.extend_from_slice(&block[..take]);
         self.n_out += take as u64;
     }
@@ -242,21 +246,11 @@ impl StreamResampler {
                 .map_err(|e| AudioError::Config(format!("resampling: {e}")))?;
             used += need;
             let b = block.into_iter().next().unwrap_or_default();
-            // Output lags input by the delay; hold back nothing beyond `expected`.
-            self.emit_unbounded(b, out);
+            // Output lags input by the delay: nothing here passes `expected`.
+            self.emit(b, out, false);
         }
         self.pending.drain(..used);
         Ok(())
-    }
-
-    fn emit_unbounded(&mut self, mut block: Vec<f32>, out: &mut Vec<f32>) {
-        if self.skip > 0 {
-            let s = self.skip.min(block.len());
-            block.drain(..s);
-            self.skip -= s;
-        }
-        self.n_out += block.len() as u64;
-        out.extend_from_slice(&block);
     }
 
     /// Flushes the tail; afterwards `out` has received exactly
@@ -269,7 +263,7 @@ impl StreamResampler {
                 .r
                 .process_partial(Some(&[&rest[..]]), None)
                 .map_err(err)?;
-            self.emit(block.into_iter().next().unwrap_or_default(), out);
+            self.emit(block.into_iter().next().unwrap_or_default(), out, true);
         }
         let mut guard = 0;
         while self.n_out < self.expected() && guard < 64 {
@@ -277,7 +271,7 @@ impl StreamResampler {
                 .r
                 .process_partial(None::<&[&[f32]]>, None)
                 .map_err(err)?;
-            self.emit(block.into_iter().next().unwrap_or_default(), out);
+            self.emit(block.into_iter().next().unwrap_or_default(), out, true);
             guard += 1;
         }
         // Round-off can leave a sample or two short: pad with silence.
@@ -373,17 +367,18 @@ impl ChunkStream {
         Ok(())
     }
 
-    fn named(&self, e: AudioError) -> AudioError {
-        match e {
+    /// One decoded block through the lanes; errors name the file.
+    fn step(&mut self) -> Result<(), AudioError> {
+        self.advance().map_err(|e| match e {
             AudioError::Config(m) => AudioError::Decode {
                 path: self.decoded.path().to_path_buf(),
                 message: m,
             },
             e => e,
-        }
+        })
     }
 
-    fn step(&mut self) -> Result<(), AudioError> {
+    fn advance(&mut self) -> Result<(), AudioError> {
         let block = if self.keep {
             self.decoded.next_channels()?
         } else {
@@ -392,23 +387,17 @@ impl ChunkStream {
         match block {
             Some(planes) => {
                 if planes.len() != self.lanes.len() {
-                    return Err(self.named(AudioError::Config(format!(
+                    return Err(AudioError::Config(format!(
                         "the stream changed from {} to {} channels",
                         self.lanes.len(),
                         planes.len()
-                    ))));
+                    )));
                 }
                 for (lane, plane) in self.lanes.iter_mut().zip(&planes) {
                     match &mut lane.resampler {
                         Some(r) => {
                             self.scratch.clear();
-                            if let Err(e) = r.push(plane, &mut self.scratch) {
-                                let e = AudioError::Decode {
-                                    path: self.decoded.path().to_path_buf(),
-                                    message: e.to_string(),
-                                };
-                                return Err(e);
-                            }
+                            r.push(plane, &mut self.scratch)?;
                             lane.chunker.push(&self.scratch, &mut lane.ready);
                         }
                         None => lane.chunker.push(plane, &mut lane.ready),
@@ -417,21 +406,13 @@ impl ChunkStream {
             }
             None => {
                 self.done = true;
-                let path = self.decoded.path().to_path_buf();
-                let named = |e: AudioError| match e {
-                    AudioError::Config(m) => AudioError::Decode {
-                        path: path.clone(),
-                        message: m,
-                    },
-                    e => e,
-                };
                 for lane in &mut self.lanes {
                     if let Some(r) = &mut lane.resampler {
                         self.scratch.clear();
-                        r.finish(&mut self.scratch).map_err(named)?;
+                        r.finish(&mut self.scratch)?;
                         lane.chunker.push(&self.scratch, &mut lane.ready);
                     }
-                    lane.chunker.finish(&mut lane.ready).map_err(named)?;
+                    lane.chunker.finish(&mut lane.ready)?;
                 }
                 if let (Some(c), Some(lane)) = (&self.counter, self.lanes.first()) {
                     c.fetch_add(lane.chunker.total(), Ordering::Relaxed);
@@ -502,11 +483,18 @@ impl AudioFiles {
         if dir.is_file() {
             files.push(dir.to_path_buf());
         } else {
-            collect(dir, &mut files).map_err(|e| AudioError::Decode {
-                path: dir.to_path_buf(),
-                message: e.to_string(),
-            })?;
-            files.sort();
+            files = ferrofeed_stages::walk_files(dir)
+                .map_err(|e| AudioError::Decode {
+                    path: dir.to_path_buf(),
+                    message: e.to_string(),
+                })?
+                .into_iter()
+                .filter(|p| {
+                    p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                        AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())
+                    })
+                })
+                .collect();
         }
         if files.is_empty() {
             return Err(AudioError::Decode {
@@ -536,29 +524,6 @@ impl AudioFiles {
     pub fn samples_read(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.samples)
     }
-}
-
-/// Every audio file under `dir`, following symlinks; a symlink loop is an
-/// error naming the path.
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    for entry in walkdir::WalkDir::new(dir).follow_links(true) {
-        let entry = entry.map_err(|e| {
-            let at = e
-                .path()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default();
-            std::io::Error::other(format!("{at}: {e}"))
-        })?;
-        let p = entry.path();
-        if entry.file_type().is_file()
-            && p.extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
-        {
-            out.push(p.to_path_buf());
-        }
-    }
-    Ok(())
 }
 
 impl IterableSource for AudioFiles {

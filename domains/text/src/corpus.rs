@@ -182,30 +182,9 @@ pub fn line_starts_in(data: &[u8], range: Range<usize>) -> Vec<u64> {
     out
 }
 
-/// All line starts of `data`, found by `threads` threads on equal byte ranges.
-pub fn line_starts(data: &[u8], threads: usize) -> Vec<u64> {
-    let threads = threads.clamp(1, 64);
-    if threads == 1 || data.len() < (1 << 20) {
-        return line_starts_in(data, 0..data.len());
-    }
-    let step = data.len().div_ceil(threads);
-    let parts: Vec<Vec<u64>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let r = (t * step)..((t + 1) * step).min(data.len());
-                s.spawn(move || line_starts_in(data, r))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
-    parts.concat()
-}
-
 /// Line starts of a file, read with positioned reads in blocks by `threads`
-/// threads on equal byte ranges (same result as [`line_starts`] on its bytes).
+/// threads on equal byte ranges (the same starts as [`line_starts_in`] over
+/// all its bytes).
 pub fn file_line_starts(file: &File, len: u64, threads: usize) -> std::io::Result<Vec<u64>> {
     use std::os::unix::fs::FileExt;
     const BLOCK: usize = 4 << 20;
@@ -310,9 +289,15 @@ impl TextCorpus {
         };
         let meta = std::fs::metadata(path).map_err(io)?;
         let files = if meta.is_dir() {
-            let mut files = Vec::new();
-            collect_files(path, &mut files).map_err(io)?;
-            files.sort();
+            let files: Vec<PathBuf> = ferrofeed_stages::walk_files(path)
+                .map_err(|e| io(std::io::Error::other(e.to_string())))?
+                .into_iter()
+                .filter(|p| {
+                    p.extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| TEXT_EXTENSIONS.contains(&e))
+                })
+                .collect();
             if files.is_empty() {
                 return Err(TextError::NoFiles(path.to_path_buf()));
             }
@@ -505,30 +490,6 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Every `.txt`/`.jsonl` file under `dir`, following symlinks; a symlink
-/// loop is an error naming the path.
-fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    for entry in walkdir::WalkDir::new(dir).follow_links(true) {
-        let entry = entry.map_err(|e| {
-            let at = e
-                .path()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default();
-            std::io::Error::other(format!("{at}: {e}"))
-        })?;
-        let path = entry.path();
-        if entry.file_type().is_file()
-            && path
-                .extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| TEXT_EXTENSIONS.contains(&e))
-        {
-            out.push(path.to_path_buf());
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,18 +517,6 @@ mod tests {
         }
         assert!(line_starts_in(b"", 0..0).is_empty());
         assert_eq!(line_starts_in(b"\n", 0..1), vec![0]);
-    }
-
-    #[test]
-    fn threaded_index_equals_sequential() {
-        let mut data = Vec::new();
-        for i in 0..200_000u32 {
-            data.extend_from_slice(
-                format!("line {i} {}\n", "w".repeat((i % 37) as usize)).as_bytes(),
-            );
-        }
-        assert!(data.len() > 1 << 20);
-        assert_eq!(line_starts(&data, 3), line_starts_in(&data, 0..data.len()));
     }
 
     #[test]

@@ -42,6 +42,37 @@ pub enum ScanError {
     },
 }
 
+/// Every regular file under `root`, following symlinks, in path order
+/// (each folder's entries by name, depth first). A symlink loop or an
+/// unreadable folder is an error naming the path.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// std::fs::create_dir(dir.path().join("b")).unwrap();
+/// std::fs::write(dir.path().join("b/x.txt"), "").unwrap();
+/// std::fs::write(dir.path().join("a.txt"), "").unwrap();
+/// let files = ferrofeed_stages::walk_files(dir.path()).unwrap();
+/// assert_eq!(files, vec![dir.path().join("a.txt"), dir.path().join("b/x.txt")]);
+/// ```
+pub fn walk_files(root: &Path) -> Result<Vec<PathBuf>, ScanError> {
+    let mut out = Vec::new();
+    for entry in walkdir::WalkDir::new(root)
+        .follow_links(true)
+        .sort_by_file_name()
+    {
+        let entry = entry.map_err(|e| ScanError::Walk {
+            path: e
+                .path()
+                .map_or_else(|| root.to_path_buf(), Path::to_path_buf),
+            message: e.to_string(),
+        })?;
+        if entry.file_type().is_file() {
+            out.push(entry.into_path());
+        }
+    }
+    Ok(out)
+}
+
 /// The files of an ImageFolder tree with their class labels.
 #[derive(Debug, Clone)]
 pub struct ImageFolder {
@@ -78,27 +109,13 @@ impl ImageFolder {
         }
         let mut files = Vec::new();
         for (label, class) in classes.iter().enumerate() {
-            let walker = walkdir::WalkDir::new(root.join(class))
-                .follow_links(true)
-                .sort_by_file_name();
-            for entry in walker {
-                let entry = entry.map_err(|e| ScanError::Walk {
-                    path: e
-                        .path()
-                        .map(Path::to_path_buf)
-                        .unwrap_or_else(|| root.join(class)),
-                    message: e.to_string(),
-                })?;
-                if !entry.file_type().is_file() {
-                    continue;
-                }
-                let ok = entry
-                    .path()
+            for path in walk_files(&root.join(class))? {
+                let ok = path
                     .extension()
                     .and_then(|x| x.to_str())
                     .is_some_and(|x| exts.iter().any(|e| e.eq_ignore_ascii_case(x)));
                 if ok {
-                    files.push((entry.into_path(), label as i64));
+                    files.push((path, label as i64));
                 }
             }
         }
