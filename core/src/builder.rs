@@ -87,6 +87,9 @@ pub struct PipelineBuilder {
     cpus: Option<usize>,
     min_task_samples: usize,
     fuse: bool,
+    autotune: bool,
+    autotune_max_workers: Option<usize>,
+    autotune_interval: Duration,
     shard: Shard,
     shuffle_buffer: usize,
     interleave: usize,
@@ -128,6 +131,9 @@ impl PipelineBuilder {
             cpus: None,
             min_task_samples: 64,
             fuse: true,
+            autotune: false,
+            autotune_max_workers: None,
+            autotune_interval: Duration::from_millis(100),
             shard: Shard::single(),
             shuffle_buffer: 0,
             interleave: 1,
@@ -244,6 +250,28 @@ impl PipelineBuilder {
     /// (default true).
     pub fn fuse(mut self, yes: bool) -> Self {
         self.fuse = yes;
+        self
+    }
+
+    /// Tune worker counts online (see [`crate::autotune`]): every stage
+    /// left at [`Parallelism::Auto`] gets its own pool, and a tuner thread
+    /// moves workers between the pools to maximise samples/s from the
+    /// measured per-stage CPU and blocked time (default off: `Auto` stages
+    /// are then fused on one pool of as many workers as CPUs, which is best
+    /// when every stage is CPU-bound).
+    pub fn autotune(mut self, yes: bool) -> Self {
+        self.autotune = yes;
+        self
+    }
+    /// The most threads one tuned stage may use (default 4 × CPUs, at least
+    /// 4, at most 64): stages blocked on I/O may need more than the CPUs.
+    pub fn autotune_max_workers(mut self, n: usize) -> Self {
+        self.autotune_max_workers = Some(n);
+        self
+    }
+    /// How often the tuner re-reads the stage costs (default 100 ms).
+    pub fn autotune_interval(mut self, every: Duration) -> Self {
+        self.autotune_interval = every;
         self
     }
 
@@ -385,6 +413,12 @@ impl PipelineBuilder {
                 cpus,
                 min_task_samples: self.min_task_samples.max(1),
                 fuse: self.fuse,
+                autotune: self.autotune,
+                autotune_max_workers: self
+                    .autotune_max_workers
+                    .unwrap_or((4 * cpus).clamp(4, 64))
+                    .max(1),
+                autotune_interval: self.autotune_interval.max(Duration::from_millis(1)),
                 trace_max: self.trace_max,
                 metrics: self.metrics,
                 batch_size: self.batch_size,

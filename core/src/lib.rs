@@ -33,6 +33,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod autotune;
 pub mod batch;
 pub mod budget;
 pub mod builder;
@@ -50,6 +51,7 @@ pub mod state;
 pub mod table;
 pub mod trace;
 
+pub use autotune::TuneStep;
 pub use batch::{Batch, BufferPool, BufferSource, DType, Element, HostBuffer, Tensor};
 pub use budget::ByteBudget;
 pub use builder::{PipelineBuilder, StageOptions};

@@ -8,6 +8,9 @@
 //! at least `min_task_samples` samples), stored column-wise as a [`Table`] —
 //! so queue hops and wake-ups are paid per task, not per sample. Segments are linked by bounded `flume` queues; the consumer
 //! reorders tasks into sampler order (unless `unordered`).
+//! With [`autotune`](crate::PipelineBuilder::autotune), `Auto` stages are
+//! not fused: each has a pool of up to `autotune_max_workers` threads, of
+//! which the tuner ([`crate::autotune`]) sets how many work; the others park.
 //!
 //! ```
 //! use ferrofeed_core::prelude::*;
@@ -248,6 +251,9 @@ pub(crate) struct Config {
     pub cpus: usize,
     pub min_task_samples: usize,
     pub fuse: bool,
+    pub autotune: bool,
+    pub autotune_max_workers: usize,
+    pub autotune_interval: Duration,
     pub metrics: bool,
     pub trace_max: Option<usize>,
     pub batch_size: usize,
@@ -257,7 +263,12 @@ pub(crate) struct Config {
 
 struct Segment {
     stages: Range<usize>,
+    /// Threads in the pool (for a tuned pool: the most it may use).
     workers: usize,
+    /// The autotuner sets how many of them work.
+    tuned: bool,
+    /// Slot of the pool's first worker.
+    first_slot: usize,
 }
 
 #[derive(Default)]
@@ -286,6 +297,12 @@ pub(crate) struct Shared {
     t0: Instant,
     window: u64,
     metrics_since: Mutex<Instant>,
+    /// Workers of each segment that take work (the rest park).
+    active: Vec<AtomicUsize>,
+    /// Per-segment cost counters for the autotuner.
+    meters: Vec<crate::autotune::SegMeter>,
+    park: (Mutex<()>, Condvar),
+    tune_log: Mutex<VecDeque<crate::autotune::TuneStep>>,
 }
 
 impl Shared {
@@ -299,12 +316,21 @@ impl Shared {
     ) -> Shared {
         let mut segments: Vec<Segment> = Vec::new();
         for (i, st) in stages.iter().enumerate() {
-            let w = st.opts.workers.resolve(cfg.cpus);
+            let tuned = cfg.autotune && st.opts.workers == crate::stage::Parallelism::Auto;
+            let w = if tuned {
+                cfg.autotune_max_workers
+            } else {
+                st.opts.workers.resolve(cfg.cpus)
+            };
             match segments.last_mut() {
-                Some(seg) if cfg.fuse && seg.workers == w => seg.stages.end = i + 1,
+                Some(seg) if cfg.fuse && !tuned && !seg.tuned && seg.workers == w => {
+                    seg.stages.end = i + 1
+                }
                 _ => segments.push(Segment {
                     stages: i..i + 1,
                     workers: w,
+                    tuned,
+                    first_slot: 0,
                 }),
             }
         }
@@ -312,8 +338,22 @@ impl Shared {
             segments.push(Segment {
                 stages: 0..0,
                 workers: cfg.cpus,
+                tuned: false,
+                first_slot: 0,
             });
         }
+        let mut slot = 0;
+        for seg in &mut segments {
+            seg.first_slot = slot;
+            slot += seg.workers;
+        }
+        // A tuned pool starts with one worker; the tuner sizes it within
+        // its first interval.
+        let active = segments
+            .iter()
+            .map(|s| AtomicUsize::new(if s.tuned { 1 } else { s.workers }))
+            .collect();
+        let meters = segments.iter().map(|_| Default::default()).collect();
         let total_workers: usize = segments.iter().map(|s| s.workers).sum();
         let max_workers = segments.iter().map(|s| s.workers).max().unwrap_or(1);
         let window = cfg.prefetch.unwrap_or((2 * max_workers).max(4)) as u64;
@@ -342,7 +382,15 @@ impl Shared {
             t0: Instant::now(),
             window,
             metrics_since: Mutex::new(Instant::now()),
+            active,
+            meters,
+            park: (Mutex::new(()), Condvar::new()),
+            tune_log: Mutex::new(VecDeque::new()),
         }
+    }
+
+    fn active(&self, seg: usize) -> usize {
+        self.active[seg].load(Ordering::Acquire)
     }
 
     fn stage_name(&self, metric_index: usize) -> &str {
@@ -632,6 +680,8 @@ struct Worker {
     chunk: usize,
     /// Measured cost of one batch through this segment, ns (EMA; 0 unknown).
     ns_per_batch: f64,
+    /// Per-task CPU/blocked time, kept for the autotuner.
+    meter: Option<crate::autotune::TaskMeter>,
 }
 
 /// Work a task should hold: long enough that its queue hop and wake-ups
@@ -641,6 +691,42 @@ const TARGET_TASK_NS: f64 = 2e6;
 const MAX_CHUNK: usize = 4096;
 
 impl Worker {
+    /// Waits while the tuner has this worker parked. False when the epoch
+    /// is over for it (cancelled, or `done` says nothing is left).
+    fn wait_active(&self, run: &EpochRun, done: impl Fn() -> bool) -> bool {
+        let shared = &self.shared;
+        let index = self.slot - shared.segments[self.seg].first_slot;
+        loop {
+            if run.cancelled() {
+                return false;
+            }
+            if index < shared.active(self.seg) {
+                return true;
+            }
+            if done() {
+                return false;
+            }
+            let guard = shared.park.0.lock().unwrap_or_else(|e| e.into_inner());
+            let _unused = shared
+                .park
+                .1
+                .wait_timeout(guard, Duration::from_millis(5))
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn meter_begin(&mut self) {
+        if let Some(m) = &mut self.meter {
+            m.begin();
+        }
+    }
+
+    fn meter_end(&mut self, samples: usize) {
+        if let Some(m) = &mut self.meter {
+            m.end(&self.shared.meters[self.seg], samples as u64);
+        }
+    }
+
     fn run_job(&mut self, job: &Job) {
         let run = &job.run;
         if self.seg == 0 {
@@ -655,16 +741,20 @@ impl Worker {
         } else if let Some(input) = &job.input {
             let first = self.shared.segments[self.seg].stages.start + 1;
             let cap = input.capacity().unwrap_or(1).max(1) as u64;
-            while let Ok(mut msg) = {
+            let tuned = self.shared.segments[self.seg].tuned;
+            loop {
+                if tuned && !self.wait_active(run, || input.is_disconnected() && input.is_empty()) {
+                    break;
+                }
                 let m = &self.shared.metrics[first];
                 m.queue_fill_permille
                     .fetch_add(input.len() as u64 * 1000 / cap, Ordering::Relaxed);
                 m.queue_samples.fetch_add(1, Ordering::Relaxed);
-                input.recv()
-            } {
+                let Ok(mut msg) = input.recv() else { break };
                 if run.cancelled() {
                     break;
                 }
+                self.meter_begin();
                 self.run_segment(run, &mut msg.table, &mut msg.log);
                 if !self.forward(job, msg) {
                     break;
@@ -791,7 +881,7 @@ impl Worker {
         };
         let per_batch = run.est_task_bytes.load(Ordering::Relaxed) / self.chunk.max(1);
         if per_batch > 0 {
-            let workers = self.shared.segments[0].workers.max(1);
+            let workers = self.shared.active(0).max(1);
             k = k.min((self.shared.budget.max() / (4 * workers * per_batch)).max(1));
         }
         self.chunk = k.clamp(1, MAX_CHUNK);
@@ -805,8 +895,12 @@ impl Worker {
             return;
         };
         let nb = plan.num_batches() as u64;
+        let tuned = shared.segments[0].tuned;
         loop {
             if run.cancelled() {
+                return;
+            }
+            if tuned && !self.wait_active(run, || run.next_claim.load(Ordering::Acquire) >= nb) {
                 return;
             }
             let k = self.next_chunk(run, plan) as u64;
@@ -814,6 +908,7 @@ impl Worker {
             if b0 >= nb || !self.admit(run, b0, k) {
                 return;
             }
+            self.meter_begin();
             let b1 = (b0 + k).min(nb);
             let started = Instant::now();
             let (lo, hi) = (plan.offsets[b0 as usize], plan.offsets[b1 as usize]);
@@ -869,15 +964,22 @@ impl Worker {
         };
         let bs = shared.cfg.batch_size;
         let policy = shared.cfg.policy;
+        let tuned = shared.segments[0].tuned;
+        let g = group.max(1);
+        let groups = order.len().div_ceil(g) as u64;
         loop {
             if run.cancelled() {
                 return;
             }
-            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
-            let g = group.max(1);
-            if t >= order.len().div_ceil(g) as u64 || !self.admit(run, t, 1) {
+            if tuned && !self.wait_active(run, || run.next_claim.load(Ordering::Acquire) >= groups)
+            {
                 return;
             }
+            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
+            if t >= groups || !self.admit(run, t, 1) {
+                return;
+            }
+            self.meter_begin();
             let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
             let mut reader: Option<Box<dyn ShardReader>> = None;
@@ -957,8 +1059,11 @@ impl Worker {
                 if run.cancelled() {
                     return;
                 }
-                if part > 0 && !self.admit_part(run, t) {
-                    return;
+                if part > 0 {
+                    if !self.admit_part(run, t) {
+                        return;
+                    }
+                    self.meter_begin();
                 }
                 let started = Instant::now();
                 let (mut table, errs, done) = reader.next_part(bs);
@@ -1013,10 +1118,12 @@ impl Worker {
     /// segment). Returns false when the receiver is gone.
     fn forward(&mut self, job: &Job, mut msg: TaskMsg) -> bool {
         let bytes = msg.table.nbytes();
+        let rows = msg.table.len();
         msg.lease.resize(bytes);
         job.run.note_bytes(bytes);
         match &job.out {
             Out::Next(tx) => {
+                self.meter_end(rows);
                 self.stats.flush(&self.shared);
                 if let Some(sink) = &self.shared.trace {
                     sink.flush(&mut self.trace_buf);
@@ -1025,6 +1132,7 @@ impl Worker {
             }
             Out::Final(tx) => {
                 let out = self.collate(msg, job.run.epoch);
+                self.meter_end(rows);
                 self.stats.flush(&self.shared);
                 if let Some(sink) = &self.shared.trace {
                     sink.flush(&mut self.trace_buf);
@@ -1192,7 +1300,11 @@ fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiv
         trace_buf: Vec::new(),
         chunk: 1,
         ns_per_batch: 0.0,
+        meter: None,
     };
+    if worker.shared.cfg.autotune {
+        worker.meter = Some(crate::autotune::TaskMeter::new());
+    }
     if let Some(sink) = &worker.shared.trace {
         let name = std::thread::current()
             .name()
@@ -1216,6 +1328,100 @@ fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiv
     }
 }
 
+/// The autotuner: every interval, turns each pool's measured costs into a
+/// model and applies the split it proposes (see [`crate::autotune`]).
+fn tuner_main(shared: Arc<Shared>, stop: flume::Receiver<()>) {
+    use crate::autotune::{propose, worth_applying, SegModel, TuneStep};
+    let n = shared.segments.len();
+    let mut est: Vec<Option<(f64, f64)>> = vec![None; n];
+    // The first look comes early so a fresh pool leaves its single worker soon.
+    let mut interval = shared.cfg.autotune_interval.min(Duration::from_millis(20));
+    loop {
+        if !matches!(
+            stop.recv_timeout(interval),
+            Err(flume::RecvTimeoutError::Timeout)
+        ) {
+            return;
+        }
+        interval = shared.cfg.autotune_interval;
+        for (s, e) in est.iter_mut().enumerate() {
+            let meter = &shared.meters[s];
+            // Too little seen yet: keep counting.
+            if meter.samples.load(Ordering::Relaxed) < 4
+                && meter.wall_ns.load(Ordering::Relaxed) < 2_000_000
+            {
+                continue;
+            }
+            let (k, wall, cpu, runq) = meter.drain();
+            if k == 0 {
+                continue;
+            }
+            let c = cpu as f64 / k as f64;
+            let b = wall.saturating_sub(cpu + runq) as f64 / k as f64;
+            *e = Some(match *e {
+                Some((c0, b0)) => (0.5 * c0 + 0.5 * c, 0.5 * b0 + 0.5 * b),
+                None => (c, b),
+            });
+        }
+        let segs: Vec<SegModel> = shared
+            .segments
+            .iter()
+            .zip(&est)
+            .map(|(seg, e)| {
+                let (cpu_ns, blocked_ns) = e.unwrap_or((0.0, 0.0));
+                SegModel {
+                    cpu_ns,
+                    blocked_ns,
+                    max: seg.workers,
+                    tuned: seg.tuned,
+                }
+            })
+            .collect();
+        if shared
+            .segments
+            .iter()
+            .zip(&est)
+            .any(|(seg, e)| seg.tuned && e.is_none())
+        {
+            continue;
+        }
+        let current: Vec<usize> = (0..n).map(|s| shared.active(s)).collect();
+        let cpus = shared.cfg.cpus as f64;
+        let max_total = shared.segments.iter().map(|s| s.workers).sum();
+        let proposal = propose(cpus, &segs, &current, max_total);
+        if !worth_applying(cpus, &segs, &current, &proposal) {
+            continue;
+        }
+        for (s, &w) in proposal.iter().enumerate() {
+            shared.active[s].store(w, Ordering::Release);
+        }
+        {
+            let _guard = shared.park.0.lock().unwrap_or_else(|e| e.into_inner());
+            shared.park.1.notify_all();
+        }
+        let mut workers = Vec::new();
+        for (si, seg) in shared.segments.iter().enumerate() {
+            if si == 0 {
+                workers.push(("source".to_string(), proposal[0]));
+            }
+            for i in seg.stages.clone() {
+                workers.push((shared.stages[i].name.clone(), proposal[si]));
+            }
+        }
+        let predicted = crate::autotune::predicted_rate(cpus, &segs, &proposal, 1.0);
+        tracing::debug!(?workers, predicted, "ferrofeed: autotune");
+        let mut log = shared.tune_log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() == 256 {
+            log.pop_front();
+        }
+        log.push_back(TuneStep {
+            at_s: shared.t0.elapsed().as_secs_f64(),
+            workers,
+            predicted_per_s: predicted,
+        });
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The pipeline
 
@@ -1227,6 +1433,8 @@ pub struct Pipeline {
     last_run: Mutex<Option<Arc<EpochRun>>>,
     poisoned: Mutex<Option<String>>,
     last_summary: Mutex<Option<EpochSummary>>,
+    /// Dropping it stops the autotuner thread.
+    tuner_stop: Option<flume::Sender<()>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -1266,6 +1474,17 @@ impl Pipeline {
                 slot += 1;
             }
         }
+        let mut tuner_stop = None;
+        if shared.segments.iter().any(|s| s.tuned) {
+            let (tx, rx) = flume::bounded::<()>(1);
+            let sh = Arc::clone(&shared);
+            let h = std::thread::Builder::new()
+                .name("ff-autotune".into())
+                .spawn(move || tuner_main(sh, rx))
+                .map_err(|e| BuildError::Invalid(format!("cannot start the autotuner: {e}")))?;
+            handles.push(h);
+            tuner_stop = Some(tx);
+        }
         Ok(Pipeline {
             shared,
             ctrl,
@@ -1273,6 +1492,7 @@ impl Pipeline {
             last_run: Mutex::new(None),
             poisoned: Mutex::new(None),
             last_summary: Mutex::new(None),
+            tuner_stop,
         })
     }
 
@@ -1299,15 +1519,28 @@ impl Pipeline {
         self.shared.cfg.seed
     }
 
-    /// `(stage name, workers)` for the source and every stage.
+    /// `(stage name, workers)` for the source and every stage (for a stage
+    /// under [`autotune`](crate::PipelineBuilder::autotune): the workers
+    /// active now).
     pub fn workers(&self) -> Vec<(String, usize)> {
-        let mut v = vec![("source".to_string(), self.shared.segments[0].workers)];
-        for seg in &self.shared.segments {
+        let mut v = vec![("source".to_string(), self.shared.active(0))];
+        for (si, seg) in self.shared.segments.iter().enumerate() {
             for i in seg.stages.clone() {
-                v.push((self.shared.stages[i].name.clone(), seg.workers));
+                v.push((self.shared.stages[i].name.clone(), self.shared.active(si)));
             }
         }
         v
+    }
+
+    /// The changes the autotuner made, oldest first (the last 256).
+    pub fn autotune_log(&self) -> Vec<crate::autotune::TuneStep> {
+        self.shared
+            .tune_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// The plan of `epoch` for this rank (map-style sources), as the
@@ -1572,7 +1805,7 @@ impl Pipeline {
             .map(|i| {
                 let m = &self.shared.metrics[i];
                 let w = if i + 1 == n {
-                    self.shared.segments.last().map_or(1, |s| s.workers)
+                    self.shared.active(self.shared.segments.len() - 1)
                 } else {
                     workers.get(i).map_or(1, |x| x.1)
                 };
@@ -1881,6 +2114,7 @@ impl Drop for Pipeline {
         }
         self.shared.budget.notify();
         self.ctrl.clear();
+        self.tuner_stop = None;
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut handles = std::mem::take(&mut self.handles);
         while !handles.is_empty() && Instant::now() < deadline {
