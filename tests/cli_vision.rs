@@ -273,6 +273,10 @@ fn skip_policy_completes_and_reports_every_bad_file_once() {
     ] {
         assert!(!r[key].is_null(), "{key} missing");
     }
+    assert!(r["timeline"]["interval_s"]
+        .as_f64()
+        .is_some_and(|s| s > 0.0));
+    assert!(r["timeline"]["points"].is_array());
 }
 
 #[test]

@@ -58,7 +58,7 @@ pub use builder::{PipelineBuilder, StageOptions};
 pub use collate::{BatchStage, Collatable, Collate, CollateError, StackCollate};
 pub use component::{Component, ComponentId, ComponentSet};
 pub use error::{BoxError, BuildError, ErrorKind, ErrorPolicy, SampleError};
-pub use metrics::{Bottleneck, EpochSummary, StageReport};
+pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
 pub use pipeline::{EpochIter, InspectReport, Pipeline};
 pub use sampler::{
     BatchSampler, Batched, ClassBalanced, ContiguousWindows, Curriculum, EpochPlan, FixedBatches,

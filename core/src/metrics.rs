@@ -212,3 +212,115 @@ pub struct EpochSummary {
     /// Whether the epoch ran to its end (not abandoned, not failed).
     pub completed: bool,
 }
+
+/// Queue fill, bytes in flight, throughput and worker counts over time,
+/// sampled by the consumer (one point per `interval_s` at most) since the
+/// last [`Pipeline::reset_metrics`](crate::Pipeline::reset_metrics). At
+/// [`Timeline::MAX_POINTS`] points, neighbours merge in pairs and the
+/// interval doubles, so a run of any length keeps a bounded whole picture.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timeline {
+    /// Seconds between points (at least).
+    pub interval_s: f64,
+    /// The stage each entry of [`TimelinePoint::input_queue_fill`] feeds.
+    pub queues: Vec<String>,
+    /// Stage names of [`TimelinePoint::workers`] (one per worker pool).
+    pub pools: Vec<String>,
+    /// The points, oldest first.
+    pub points: Vec<TimelinePoint>,
+}
+
+/// One point of a [`Timeline`]: throughput over the interval that ends at
+/// `t_s`, queue fills and bytes as they stood then (merged points: means).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TimelinePoint {
+    /// Seconds since the timeline started.
+    pub t_s: f64,
+    /// Samples collated per second.
+    pub samples_per_s: f64,
+    /// Bytes held by samples and batches at the end of the interval.
+    pub bytes_in_flight: u64,
+    /// Batches ready ahead of the consumer, as a fraction of the prefetch
+    /// window (0–1; near 1 the pipeline outruns the consumer).
+    pub output_queue_fill: f64,
+    /// Fill of each inter-stage queue (0–1), tasks queued or being sent
+    /// over its capacity (`None` where the epoch has not set it up).
+    pub input_queue_fill: Vec<Option<f64>>,
+    /// Active workers per pool at the end of the interval.
+    pub workers: Vec<usize>,
+}
+
+impl Timeline {
+    /// Points kept before neighbours merge.
+    pub const MAX_POINTS: usize = 1024;
+
+    pub(crate) fn push(&mut self, p: TimelinePoint) {
+        self.points.push(p);
+        if self.points.len() < Self::MAX_POINTS {
+            return;
+        }
+        let merged = self
+            .points
+            .chunks(2)
+            .map(|pair| {
+                let (a, b) = (&pair[0], pair.last().unwrap_or(&pair[0]));
+                let mean = |x: f64, y: f64| (x + y) / 2.0;
+                TimelinePoint {
+                    t_s: b.t_s,
+                    samples_per_s: mean(a.samples_per_s, b.samples_per_s),
+                    bytes_in_flight: b.bytes_in_flight,
+                    output_queue_fill: mean(a.output_queue_fill, b.output_queue_fill),
+                    input_queue_fill: a
+                        .input_queue_fill
+                        .iter()
+                        .zip(&b.input_queue_fill)
+                        .map(|(x, y)| match (x, y) {
+                            (Some(x), Some(y)) => Some(mean(*x, *y)),
+                            (x, y) => x.or(*y),
+                        })
+                        .collect(),
+                    workers: b.workers.clone(),
+                }
+            })
+            .collect();
+        self.points = merged;
+        self.interval_s *= 2.0;
+    }
+}
+
+#[cfg(test)]
+mod timeline_tests {
+    use super::*;
+
+    fn point(t: f64, fill: f64) -> TimelinePoint {
+        TimelinePoint {
+            t_s: t,
+            samples_per_s: t,
+            bytes_in_flight: t as u64,
+            output_queue_fill: fill,
+            input_queue_fill: vec![Some(fill), None],
+            workers: vec![2],
+        }
+    }
+
+    #[test]
+    fn a_full_timeline_halves_and_keeps_the_whole_run() {
+        let mut tl = Timeline {
+            interval_s: 0.1,
+            ..Default::default()
+        };
+        for i in 0..Timeline::MAX_POINTS {
+            tl.push(point(i as f64, (i % 2) as f64));
+        }
+        assert_eq!(tl.points.len(), Timeline::MAX_POINTS / 2);
+        assert!((tl.interval_s - 0.2).abs() < 1e-12);
+        // Pairs (0, 1) → one point at t = 1 with the mean fill.
+        assert_eq!(tl.points[0].t_s, 1.0);
+        assert_eq!(tl.points[0].output_queue_fill, 0.5);
+        assert_eq!(tl.points[0].input_queue_fill, vec![Some(0.5), None]);
+        assert_eq!(
+            tl.points.last().map(|p| p.t_s),
+            Some((Timeline::MAX_POINTS - 1) as f64)
+        );
+    }
+}

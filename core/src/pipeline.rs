@@ -303,6 +303,26 @@ pub(crate) struct Shared {
     meters: Vec<crate::autotune::SegMeter>,
     park: (Mutex<()>, Condvar),
     tune_log: Mutex<VecDeque<crate::autotune::TuneStep>>,
+    timeline: Mutex<TimelineRec>,
+    /// When the next timeline point is due, ns since `t0`.
+    timeline_next_ns: AtomicU64,
+    /// Tasks in (or being sent into) each segment's input queue, then
+    /// (last entry) batches collated but not yet taken by the consumer, and
+    /// their capacities (the admission window for the last): the running
+    /// epoch's queue fill, read by the monitor.
+    queue_len: Vec<AtomicUsize>,
+    queue_cap: Vec<AtomicUsize>,
+}
+
+/// Interval of a fresh timeline.
+const TIMELINE_EVERY: Duration = Duration::from_millis(100);
+
+/// The timeline and the counters it last read.
+struct TimelineRec {
+    tl: crate::metrics::Timeline,
+    start_ns: u64,
+    last_ns: u64,
+    last_samples: u64,
 }
 
 impl Shared {
@@ -354,6 +374,33 @@ impl Shared {
             .map(|s| AtomicUsize::new(if s.tuned { 1 } else { s.workers }))
             .collect();
         let meters = segments.iter().map(|_| Default::default()).collect();
+        let n_segments = segments.len();
+        let queue_stages: Vec<usize> = segments
+            .iter()
+            .skip(1)
+            .map(|s| s.stages.start + 1)
+            .collect();
+        let stage_label = |seg: &Segment| {
+            stages[seg.stages.clone()]
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join("+")
+        };
+        let timeline = TimelineRec {
+            tl: crate::metrics::Timeline {
+                interval_s: TIMELINE_EVERY.as_secs_f64(),
+                queues: queue_stages
+                    .iter()
+                    .map(|&m| stages[m - 1].name.clone())
+                    .collect(),
+                pools: segments.iter().map(stage_label).collect(),
+                points: Vec::new(),
+            },
+            start_ns: 0,
+            last_ns: 0,
+            last_samples: 0,
+        };
         let total_workers: usize = segments.iter().map(|s| s.workers).sum();
         let max_workers = segments.iter().map(|s| s.workers).max().unwrap_or(1);
         let window = cfg.prefetch.unwrap_or((2 * max_workers).max(4)) as u64;
@@ -386,7 +433,76 @@ impl Shared {
             meters,
             park: (Mutex::new(()), Condvar::new()),
             tune_log: Mutex::new(VecDeque::new()),
+            timeline: Mutex::new(timeline),
+            timeline_next_ns: AtomicU64::new(TIMELINE_EVERY.as_nanos() as u64),
+            queue_len: (0..=n_segments).map(|_| AtomicUsize::new(0)).collect(),
+            queue_cap: (0..=n_segments).map(|_| AtomicUsize::new(1)).collect(),
         }
+    }
+
+    /// Adds a timeline point for the interval ending now (called by the
+    /// consumer when one is due).
+    fn sample_timeline(&self) {
+        let now = self.t0.elapsed().as_nanos() as u64;
+        let Ok(mut rec) = self.timeline.try_lock() else {
+            return;
+        };
+        let dt = now.saturating_sub(rec.last_ns).max(1);
+        let interval_ns = (rec.tl.interval_s * 1e9) as u64;
+        self.timeline_next_ns
+            .store(now + interval_ns, Ordering::Relaxed);
+        let collated = self.metrics[self.metrics.len() - 1]
+            .samples
+            .load(Ordering::Relaxed);
+        let fill = |q: usize| {
+            let cap = self.queue_cap[q].load(Ordering::Relaxed).max(1);
+            (self.queue_len[q].load(Ordering::Relaxed) as f64 / cap as f64).min(1.0)
+        };
+        let segs = self.segments.len();
+        let fills = (1..segs).map(|q| Some(fill(q))).collect();
+        let out_fill = fill(segs);
+        let point = crate::metrics::TimelinePoint {
+            t_s: now.saturating_sub(rec.start_ns) as f64 / 1e9,
+            samples_per_s: collated.saturating_sub(rec.last_samples) as f64 * 1e9 / dt as f64,
+            bytes_in_flight: self.budget.used() as u64,
+            output_queue_fill: out_fill,
+            input_queue_fill: fills,
+            workers: (0..self.segments.len()).map(|s| self.active(s)).collect(),
+        };
+        if let Some(sink) = &self.trace {
+            let mut fill = serde_json::Map::new();
+            fill.insert("output".into(), point.output_queue_fill.into());
+            for (name, f) in rec.tl.queues.iter().zip(&point.input_queue_fill) {
+                if let Some(f) = f {
+                    fill.insert(name.clone(), (*f).into());
+                }
+            }
+            let ts = sink.ns(self.t0) + now;
+            sink.counter(ts, "queue fill", serde_json::Value::Object(fill));
+            sink.counter(
+                ts,
+                "bytes in flight",
+                serde_json::json!({"bytes": point.bytes_in_flight}),
+            );
+        }
+        rec.last_ns = now;
+        rec.last_samples = collated;
+        rec.tl.push(point);
+    }
+
+    /// Starts the timeline afresh from the counters as they are now.
+    fn reset_timeline(&self) {
+        let now = self.t0.elapsed().as_nanos() as u64;
+        let mut rec = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        rec.tl.points.clear();
+        rec.tl.interval_s = TIMELINE_EVERY.as_secs_f64();
+        rec.start_ns = now;
+        rec.last_ns = now;
+        rec.last_samples = self.metrics[self.metrics.len() - 1]
+            .samples
+            .load(Ordering::Relaxed);
+        self.timeline_next_ns
+            .store(now + TIMELINE_EVERY.as_nanos() as u64, Ordering::Relaxed);
     }
 
     fn active(&self, seg: usize) -> usize {
@@ -751,6 +867,8 @@ impl Worker {
                     .fetch_add(input.len() as u64 * 1000 / cap, Ordering::Relaxed);
                 m.queue_samples.fetch_add(1, Ordering::Relaxed);
                 let Ok(mut msg) = input.recv() else { break };
+                let q = &self.shared.queue_len[self.seg];
+                let _ = q.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
                 if run.cancelled() {
                     break;
                 }
@@ -1128,6 +1246,7 @@ impl Worker {
                 if let Some(sink) = &self.shared.trace {
                     sink.flush(&mut self.trace_buf);
                 }
+                self.shared.queue_len[self.seg + 1].fetch_add(1, Ordering::Relaxed);
                 tx.send(msg).is_ok()
             }
             Out::Final(tx) => {
@@ -1137,6 +1256,10 @@ impl Worker {
                 if let Some(sink) = &self.shared.trace {
                     sink.flush(&mut self.trace_buf);
                 }
+                // Batches ahead of the consumer (it takes them off one by
+                // one as it receives them).
+                let ahead = &self.shared.queue_len[self.shared.segments.len()];
+                ahead.fetch_add(out.batches.len(), Ordering::Relaxed);
                 tx.send(out).is_ok()
             }
         }
@@ -1328,98 +1451,121 @@ fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiv
     }
 }
 
-/// The autotuner: every interval, turns each pool's measured costs into a
-/// model and applies the split it proposes (see [`crate::autotune`]).
-fn tuner_main(shared: Arc<Shared>, stop: flume::Receiver<()>) {
-    use crate::autotune::{propose, worth_applying, SegModel, TuneStep};
-    let n = shared.segments.len();
-    let mut est: Vec<Option<(f64, f64)>> = vec![None; n];
-    // The first look comes early so a fresh pool leaves its single worker soon.
-    let mut interval = shared.cfg.autotune_interval.min(Duration::from_millis(20));
+/// The pipeline's monitor thread: adds a timeline point when one is due and,
+/// under autotune, runs the tuner every interval.
+fn monitor_main(shared: Arc<Shared>, stop: flume::Receiver<()>) {
+    let tuned = shared.segments.iter().any(|s| s.tuned);
+    let mut est: Vec<Option<(f64, f64)>> = vec![None; shared.segments.len()];
+    // The tuner's first look comes early so a fresh pool leaves its single
+    // worker soon.
+    let mut next_tune =
+        Instant::now() + shared.cfg.autotune_interval.min(Duration::from_millis(20));
     loop {
+        let now_ns = shared.t0.elapsed().as_nanos() as u64;
+        let due_ns = shared.timeline_next_ns.load(Ordering::Relaxed);
+        let mut wait = Duration::from_nanos(due_ns.saturating_sub(now_ns));
+        if tuned {
+            wait = wait.min(next_tune.saturating_duration_since(Instant::now()));
+        }
         if !matches!(
-            stop.recv_timeout(interval),
+            stop.recv_timeout(wait),
             Err(flume::RecvTimeoutError::Timeout)
         ) {
             return;
         }
-        interval = shared.cfg.autotune_interval;
-        for (s, e) in est.iter_mut().enumerate() {
-            let meter = &shared.meters[s];
-            // Too little seen yet: keep counting.
-            if meter.samples.load(Ordering::Relaxed) < 4
-                && meter.wall_ns.load(Ordering::Relaxed) < 2_000_000
-            {
-                continue;
-            }
-            let (k, wall, cpu, runq) = meter.drain();
-            if k == 0 {
-                continue;
-            }
-            let c = cpu as f64 / k as f64;
-            let b = wall.saturating_sub(cpu + runq) as f64 / k as f64;
-            *e = Some(match *e {
-                Some((c0, b0)) => (0.5 * c0 + 0.5 * c, 0.5 * b0 + 0.5 * b),
-                None => (c, b),
-            });
+        if shared.cfg.metrics
+            && shared.t0.elapsed().as_nanos() as u64
+                >= shared.timeline_next_ns.load(Ordering::Relaxed)
+        {
+            shared.sample_timeline();
         }
-        let segs: Vec<SegModel> = shared
-            .segments
-            .iter()
-            .zip(&est)
-            .map(|(seg, e)| {
-                let (cpu_ns, blocked_ns) = e.unwrap_or((0.0, 0.0));
-                SegModel {
-                    cpu_ns,
-                    blocked_ns,
-                    max: seg.workers,
-                    tuned: seg.tuned,
-                }
-            })
-            .collect();
-        if shared
-            .segments
-            .iter()
-            .zip(&est)
-            .any(|(seg, e)| seg.tuned && e.is_none())
+        if tuned && Instant::now() >= next_tune {
+            next_tune = Instant::now() + shared.cfg.autotune_interval;
+            tune_step(&shared, &mut est);
+        }
+    }
+}
+
+/// One look of the autotuner: turns each pool's measured costs into a model
+/// and applies the split it proposes (see [`crate::autotune`]).
+fn tune_step(shared: &Shared, est: &mut [Option<(f64, f64)>]) {
+    use crate::autotune::{propose, worth_applying, SegModel, TuneStep};
+    let n = shared.segments.len();
+    for (s, e) in est.iter_mut().enumerate() {
+        let meter = &shared.meters[s];
+        // Too little seen yet: keep counting.
+        if meter.samples.load(Ordering::Relaxed) < 4
+            && meter.wall_ns.load(Ordering::Relaxed) < 2_000_000
         {
             continue;
         }
-        let current: Vec<usize> = (0..n).map(|s| shared.active(s)).collect();
-        let cpus = shared.cfg.cpus as f64;
-        let max_total = shared.segments.iter().map(|s| s.workers).sum();
-        let proposal = propose(cpus, &segs, &current, max_total);
-        if !worth_applying(cpus, &segs, &current, &proposal) {
+        let (k, wall, cpu, runq) = meter.drain();
+        if k == 0 {
             continue;
         }
-        for (s, &w) in proposal.iter().enumerate() {
-            shared.active[s].store(w, Ordering::Release);
-        }
-        {
-            let _guard = shared.park.0.lock().unwrap_or_else(|e| e.into_inner());
-            shared.park.1.notify_all();
-        }
-        let mut workers = Vec::new();
-        for (si, seg) in shared.segments.iter().enumerate() {
-            if si == 0 {
-                workers.push(("source".to_string(), proposal[0]));
-            }
-            for i in seg.stages.clone() {
-                workers.push((shared.stages[i].name.clone(), proposal[si]));
-            }
-        }
-        let predicted = crate::autotune::predicted_rate(cpus, &segs, &proposal, 1.0);
-        tracing::debug!(?workers, predicted, "ferrofeed: autotune");
-        let mut log = shared.tune_log.lock().unwrap_or_else(|e| e.into_inner());
-        if log.len() == 256 {
-            log.pop_front();
-        }
-        log.push_back(TuneStep {
-            at_s: shared.t0.elapsed().as_secs_f64(),
-            workers,
-            predicted_per_s: predicted,
+        let c = cpu as f64 / k as f64;
+        let b = wall.saturating_sub(cpu + runq) as f64 / k as f64;
+        *e = Some(match *e {
+            Some((c0, b0)) => (0.5 * c0 + 0.5 * c, 0.5 * b0 + 0.5 * b),
+            None => (c, b),
         });
     }
+    let segs: Vec<SegModel> = shared
+        .segments
+        .iter()
+        .zip(est.iter())
+        .map(|(seg, e)| {
+            let (cpu_ns, blocked_ns) = e.unwrap_or((0.0, 0.0));
+            SegModel {
+                cpu_ns,
+                blocked_ns,
+                max: seg.workers,
+                tuned: seg.tuned,
+            }
+        })
+        .collect();
+    if shared
+        .segments
+        .iter()
+        .zip(est.iter())
+        .any(|(seg, e)| seg.tuned && e.is_none())
+    {
+        return;
+    }
+    let current: Vec<usize> = (0..n).map(|s| shared.active(s)).collect();
+    let cpus = shared.cfg.cpus as f64;
+    let max_total = shared.segments.iter().map(|s| s.workers).sum();
+    let proposal = propose(cpus, &segs, &current, max_total);
+    if !worth_applying(cpus, &segs, &current, &proposal) {
+        return;
+    }
+    for (s, &w) in proposal.iter().enumerate() {
+        shared.active[s].store(w, Ordering::Release);
+    }
+    {
+        let _guard = shared.park.0.lock().unwrap_or_else(|e| e.into_inner());
+        shared.park.1.notify_all();
+    }
+    let mut workers = Vec::new();
+    for (si, seg) in shared.segments.iter().enumerate() {
+        if si == 0 {
+            workers.push(("source".to_string(), proposal[0]));
+        }
+        for i in seg.stages.clone() {
+            workers.push((shared.stages[i].name.clone(), proposal[si]));
+        }
+    }
+    let predicted = crate::autotune::predicted_rate(cpus, &segs, &proposal, 1.0);
+    tracing::debug!(?workers, predicted, "ferrofeed: autotune");
+    let mut log = shared.tune_log.lock().unwrap_or_else(|e| e.into_inner());
+    if log.len() == 256 {
+        log.pop_front();
+    }
+    log.push_back(TuneStep {
+        at_s: shared.t0.elapsed().as_secs_f64(),
+        workers,
+        predicted_per_s: predicted,
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -1433,8 +1579,8 @@ pub struct Pipeline {
     last_run: Mutex<Option<Arc<EpochRun>>>,
     poisoned: Mutex<Option<String>>,
     last_summary: Mutex<Option<EpochSummary>>,
-    /// Dropping it stops the autotuner thread.
-    tuner_stop: Option<flume::Sender<()>>,
+    /// Dropping it stops the monitor thread (timeline, autotune).
+    monitor_stop: Option<flume::Sender<()>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -1474,16 +1620,16 @@ impl Pipeline {
                 slot += 1;
             }
         }
-        let mut tuner_stop = None;
-        if shared.segments.iter().any(|s| s.tuned) {
+        let mut monitor_stop = None;
+        if shared.cfg.metrics || shared.segments.iter().any(|s| s.tuned) {
             let (tx, rx) = flume::bounded::<()>(1);
             let sh = Arc::clone(&shared);
             let h = std::thread::Builder::new()
-                .name("ff-autotune".into())
-                .spawn(move || tuner_main(sh, rx))
-                .map_err(|e| BuildError::Invalid(format!("cannot start the autotuner: {e}")))?;
+                .name("ff-monitor".into())
+                .spawn(move || monitor_main(sh, rx))
+                .map_err(|e| BuildError::Invalid(format!("cannot start the monitor: {e}")))?;
             handles.push(h);
-            tuner_stop = Some(tx);
+            monitor_stop = Some(tx);
         }
         Ok(Pipeline {
             shared,
@@ -1492,7 +1638,7 @@ impl Pipeline {
             last_run: Mutex::new(None),
             poisoned: Mutex::new(None),
             last_summary: Mutex::new(None),
-            tuner_stop,
+            monitor_stop,
         })
     }
 
@@ -1711,6 +1857,14 @@ impl Pipeline {
         for s in segs.iter().skip(1) {
             links.push(flume::bounded::<TaskMsg>((2 * s.workers).max(2)));
         }
+        for (q, cap) in std::iter::once(0)
+            .chain(links.iter().map(|(tx, _)| tx.capacity().unwrap_or(1)))
+            .chain(std::iter::once(self.shared.window as usize))
+            .enumerate()
+        {
+            self.shared.queue_len[q].store(0, Ordering::Relaxed);
+            self.shared.queue_cap[q].store(cap.max(1), Ordering::Relaxed);
+        }
         let mut w = 0;
         for (si, s) in segs.iter().enumerate() {
             for _ in 0..s.workers {
@@ -1770,6 +1924,7 @@ impl Pipeline {
             position: begin,
             recent_waits: VecDeque::new(),
             last_summary_line: Instant::now(),
+            yielded: 0,
         }
     }
 
@@ -1914,6 +2069,20 @@ impl Pipeline {
         self.shared.out_queue_samples.store(0, Ordering::Relaxed);
         self.shared.budget.reset_peak();
         *self.metrics_since() = Instant::now();
+        self.shared.reset_timeline();
+    }
+
+    /// Queue fill, bytes in flight, throughput and worker counts over time
+    /// since the last [`reset_metrics`](Self::reset_metrics) (with
+    /// [`trace`](crate::PipelineBuilder::trace) on, the same points are
+    /// counter tracks in the trace).
+    pub fn timeline(&self) -> crate::metrics::Timeline {
+        self.shared
+            .timeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tl
+            .clone()
     }
 
     /// Pulls sample `index` through the source and every stage in the
@@ -2114,7 +2283,7 @@ impl Drop for Pipeline {
         }
         self.shared.budget.notify();
         self.ctrl.clear();
-        self.tuner_stop = None;
+        self.monitor_stop = None;
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut handles = std::mem::take(&mut self.handles);
         while !handles.is_empty() && Instant::now() < deadline {
@@ -2207,6 +2376,8 @@ pub struct EpochIter<'p> {
     /// Recent per-batch waits, for the slow-batch warning.
     recent_waits: VecDeque<Duration>,
     last_summary_line: Instant,
+    /// Batches yielded since the last receive (see `Shared::queue_len`).
+    yielded: usize,
 }
 
 /// A batch the consumer waited for this many times the running median (and
@@ -2248,6 +2419,7 @@ impl<'p> EpochIter<'p> {
             position: (0, 0),
             recent_waits: VecDeque::new(),
             last_summary_line: Instant::now(),
+            yielded: 0,
         }
     }
 
@@ -2318,6 +2490,14 @@ impl<'p> EpochIter<'p> {
             .out_queue_permille
             .fetch_add(rx.len() as u64 * 1000 / cap, Ordering::Relaxed);
         shared.out_queue_samples.fetch_add(1, Ordering::Relaxed);
+        if self.yielded > 0 {
+            // The batches taken since the last receive are no longer ahead.
+            let taken = std::mem::take(&mut self.yielded);
+            let ahead = &shared.queue_len[shared.segments.len()];
+            let _ = ahead.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(taken))
+            });
+        }
         if !shared.has_timeouts {
             return match rx.recv() {
                 Ok(m) => Recv::Msg(m),
@@ -2455,6 +2635,7 @@ impl Iterator for EpochIter<'_> {
                 };
                 self.summary.batches += 1;
                 self.summary.samples += b.len() as u64;
+                self.yielded += 1;
                 return Some(Ok(b));
             }
             if let Some(e) = self.pending_err.take() {

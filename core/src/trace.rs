@@ -50,6 +50,8 @@ pub(crate) struct TraceSink {
     names: Vec<String>,
     threads: Mutex<Vec<(u32, String)>>,
     events: Mutex<Vec<TraceEvent>>,
+    /// Counter samples: `(ns, track, values)`.
+    counters: Mutex<Vec<(u64, &'static str, serde_json::Value)>>,
     dropped: AtomicU64,
 }
 
@@ -61,6 +63,7 @@ impl TraceSink {
             names,
             threads: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
+            counters: Mutex::new(Vec::new()),
             dropped: AtomicU64::new(0),
         }
     }
@@ -85,6 +88,16 @@ impl TraceSink {
             buf.truncate(room);
         }
         ev.append(buf);
+    }
+    /// Records a counter sample (a Perfetto counter track per `name`, one
+    /// series per key of `values`), within the same bound as the events.
+    pub fn counter(&self, ts_ns: u64, name: &'static str, values: serde_json::Value) {
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        if c.len() < self.max {
+            c.push((ts_ns, name, values));
+        } else {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
     /// The trace as Chrome trace-event JSON.
     pub fn to_json(&self) -> String {
@@ -125,6 +138,12 @@ impl TraceSink {
                     }));
                 }
             }
+        }
+        let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        for (ts, name, values) in counters.iter() {
+            out.push(serde_json::json!({
+                "name": name, "ph": "C", "pid": 1, "ts": us(*ts), "args": values
+            }));
         }
         serde_json::json!({
             "traceEvents": out,

@@ -122,6 +122,83 @@ fn queue_fill_is_reported_for_split_segments() {
         .is_none());
 }
 
+#[test]
+fn the_timeline_shows_queues_filling_over_time() {
+    // Phase 1: a slow stage `b` behind a fast one — b's input queue is full.
+    // Phase 2 (epoch 1): a slow consumer — the output queue is full.
+    let p = Pipeline::builder(FnSource::new(600, |i| Ok(i as i64)))
+        .map_with(
+            "a",
+            StageOptions::new().workers(Parallelism::Fixed(2)),
+            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+        )
+        .map_with(
+            "b",
+            StageOptions::new().workers(Parallelism::Fixed(1)),
+            |x: i64, ctx: &StageCtx| {
+                if ctx.epoch() == 0 {
+                    std::thread::sleep(Duration::from_micros(800));
+                }
+                Ok::<_, BoxError>(x)
+            },
+        )
+        .batch_size(5)
+        .min_task_samples(1)
+        // Small tasks (a batch or two), so queues hold several.
+        .max_bytes_in_flight(2000)
+        .trace(100_000)
+        .collate(StackCollate::new().column::<i64>("x"))
+        .build()
+        .unwrap();
+    p.reset_metrics();
+    assert_eq!(p.epoch(0).count(), 120);
+    let first = p.timeline().points.len();
+    for b in p.epoch(1) {
+        b.unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let tl = p.timeline();
+    assert_eq!(tl.queues, vec!["b".to_string()]);
+    assert_eq!(tl.pools, vec!["a".to_string(), "b".to_string()]);
+    assert!(first >= 3 && tl.points.len() >= first + 3, "{first} {tl:?}");
+    let (slow_stage, slow_consumer) = tl.points.split_at(first);
+    let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let b_fill = mean(
+        slow_stage
+            .iter()
+            .filter_map(|p| p.input_queue_fill[0])
+            .collect(),
+    );
+    let out_then = mean(slow_stage.iter().map(|p| p.output_queue_fill).collect());
+    let out_later = mean(
+        slow_consumer[1..]
+            .iter()
+            .map(|p| p.output_queue_fill)
+            .collect(),
+    );
+    assert!(
+        b_fill > 0.5,
+        "b's queue fills while b is slow: {b_fill} {tl:?}"
+    );
+    assert!(
+        out_then < 0.3,
+        "the consumer found little waiting: {out_then}"
+    );
+    assert!(
+        out_later > 0.7,
+        "batches wait for a slow consumer: {out_later}"
+    );
+    assert!(tl.points.iter().all(|p| p.workers == vec![2, 1]));
+    assert!(slow_stage.iter().any(|p| p.samples_per_s > 0.0));
+    assert!(tl.points.windows(2).all(|w| w[0].t_s < w[1].t_s));
+    // The same points are counter tracks in the trace.
+    let json = p.trace_json().unwrap();
+    assert!(json.contains("\"ph\":\"C\"") && json.contains("queue fill"));
+    // reset_metrics starts it afresh.
+    p.reset_metrics();
+    assert!(p.timeline().points.is_empty());
+}
+
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

@@ -6,7 +6,7 @@
 //! ```
 use std::collections::BTreeMap;
 
-use ferrofeed_core::{Bottleneck, StageReport};
+use ferrofeed_core::{Bottleneck, StageReport, Timeline};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -35,6 +35,8 @@ pub struct Report {
     pub data_stall_seconds: f64,
     pub stages: Vec<StageReport>,
     pub bottleneck: Option<Bottleneck>,
+    /// Queue fill, bytes in flight, throughput and workers over the run.
+    pub timeline: Timeline,
     /// Domain figures (text: tokens, padding waste…), printed as `key: value`.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,

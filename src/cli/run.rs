@@ -227,6 +227,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         data_stall_seconds: stall,
         stages,
         bottleneck: p.bottleneck(),
+        timeline: p.timeline(),
         extra: (spec.extra)(seconds),
     };
     print_table(&report);
