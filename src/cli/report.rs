@@ -18,6 +18,14 @@ pub struct SkippedEntry {
 }
 
 #[derive(Debug, Serialize)]
+pub struct EpochEntry {
+    pub epoch: u64,
+    pub samples: u64,
+    pub seconds: f64,
+    pub samples_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
 pub struct Report {
     pub domain: String,
     pub samples: u64,
@@ -37,6 +45,9 @@ pub struct Report {
     pub bottleneck: Option<Bottleneck>,
     /// Queue fill, bytes in flight, throughput and workers over the run.
     pub timeline: Timeline,
+    /// Each epoch's samples and wall time (the first one includes the
+    /// pipeline's warm-up).
+    pub epochs: Vec<EpochEntry>,
     /// Domain figures (text: tokens, padding waste…), printed as `key: value`.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ferrofeed_core::{Pipeline, SampleError};
 
-use super::report::{print_table, Report, SkippedEntry};
+use super::report::{print_table, EpochEntry, Report, SkippedEntry};
 use super::CommonArgs;
 
 /// Why the command failed.
@@ -137,10 +137,12 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
     let mut samples = 0u64;
     let mut skipped: Vec<SampleError> = Vec::new();
     let mut stall = 0.0;
+    let mut epochs: Vec<EpochEntry> = Vec::new();
     let mut last_state = resume
         .clone()
         .unwrap_or_else(|| p.epoch_state_start(first_epoch));
     'epochs: for e in first_epoch..c.epochs {
+        let epoch_start = Instant::now();
         let mut it = match (&resume, e == first_epoch) {
             (Some(state), true) => p
                 .resume(state)
@@ -180,6 +182,13 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         }
         skipped.extend(it.summary().skipped.iter().cloned());
         stall += it.summary().wait_seconds;
+        let epoch_seconds = epoch_start.elapsed().as_secs_f64();
+        epochs.push(EpochEntry {
+            epoch: e,
+            samples: it.summary().samples,
+            seconds: epoch_seconds,
+            samples_per_s: it.summary().samples as f64 / epoch_seconds.max(1e-9),
+        });
         last_state = it.state();
         drop(it);
         (spec.epoch_end)(e);
@@ -228,6 +237,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         stages,
         bottleneck: p.bottleneck(),
         timeline: p.timeline(),
+        epochs,
         extra: (spec.extra)(seconds),
     };
     print_table(&report);

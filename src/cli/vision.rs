@@ -232,8 +232,10 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         tracing::warn!("{w}: falling back");
     }
     let cpus = resources.workers();
-    // Enough buffers for the batches in flight and a couple held by the consumer.
-    let buffers = 2 * c.workers.resolve(cpus) + 4;
+    // A batch being built per worker, one waiting and two held by the
+    // consumer; past that a batch waits up to 50 ms for a buffer, then takes
+    // ordinary memory.
+    let buffers = c.workers.resolve(cpus) + 3;
     let pool = PinnedPool::new(a.vision.pin.mode(), buffers)
         .map_err(|e| CliError::Usage(format!("--pin strict: {e}")))?;
     // A trace file that cannot be written is an error before the run.

@@ -410,10 +410,19 @@ impl DecodeTransform {
         if self.decode.apply_exif && head.orientation != 1 {
             return Ok(None);
         }
-        let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? else {
-            return Ok(None);
+        // The frame header gives the size; libjpeg's own header pass is
+        // needed only where it is missing (a height set by a DNL marker).
+        // CMYK and other layouts libjpeg cannot make RGB of come back from
+        // the region decode as `None`.
+        let (w, h) = if head.width > 0 && head.height > 0 {
+            (head.width, head.height)
+        } else {
+            let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? else {
+                return Ok(None);
+            };
+            check_pixels(u64::from(w), u64::from(h), self.decode.max_pixels)?;
+            (w, h)
         };
-        check_pixels(u64::from(w), u64::from(h), self.decode.max_pixels)?;
         let (region, out_w, out_h, flip) = match self.transform {
             Transform::None => return Ok(None),
             Transform::Train {

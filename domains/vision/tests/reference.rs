@@ -177,6 +177,32 @@ fn fused_and_unfused_train_paths_agree() {
 }
 
 #[test]
+fn the_fast_fused_path_agrees_with_the_exact_unfused_one() {
+    let mut worst = f64::INFINITY;
+    for name in ["eval_landscape", "eval_portrait"] {
+        let bytes = std::fs::read(data(&format!("{name}.jpg"))).unwrap();
+        for size in [224, 96, 32] {
+            let exact = DecodeTransform::new(Transform::train(size));
+            let fast = DecodeTransform {
+                decode: DecodeOptions {
+                    fast: true,
+                    ..Default::default()
+                },
+                ..exact.clone()
+            };
+            for seed in 0..20 {
+                let f = fast.run(&bytes, &mut sample_rng(seed)).unwrap();
+                let u = exact.run_unfused(&bytes, &mut sample_rng(seed)).unwrap();
+                let p = psnr(&f, &u);
+                worst = worst.min(p);
+                assert!(p >= 35.0, "{name} size {size} seed {seed}: PSNR {p:.1} dB");
+            }
+        }
+    }
+    eprintln!("worst PSNR fast fused vs exact unfused: {worst:.1} dB");
+}
+
+#[test]
 fn hostile_files_give_named_errors() {
     let o = DecodeOptions::default();
     let read = |n: &str| std::fs::read(data(n)).unwrap();

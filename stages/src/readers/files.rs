@@ -134,9 +134,31 @@ impl ReadFile {
                 range: 0..n,
             });
         }
-        let mut buf = Vec::with_capacity(len as usize);
-        f.read_to_end(&mut buf)?;
-        Ok(Bytes::from(buf))
+        // Read straight into the shared buffer (`Bytes::from(Vec)` would
+        // allocate and copy once more).
+        let mut shared: std::sync::Arc<[u8]> = std::iter::repeat_n(0u8, len as usize).collect();
+        let buf = std::sync::Arc::get_mut(&mut shared).ok_or("buffer is shared")?;
+        let mut got = 0;
+        while got < buf.len() {
+            match f.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut more = Vec::new();
+        if got == buf.len() {
+            f.read_to_end(&mut more)?;
+        }
+        if got < buf.len() || !more.is_empty() {
+            // The file changed size since its metadata was read: take what
+            // it holds now.
+            let mut v = buf[..got].to_vec();
+            v.extend_from_slice(&more);
+            return Ok(Bytes::from(v));
+        }
+        Ok(Bytes::Owned(shared))
     }
 }
 
