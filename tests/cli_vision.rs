@@ -116,9 +116,9 @@ fn dump_writes_batches_and_is_identical_across_runs_and_worker_counts() {
     let d = tempfile::tempdir().unwrap();
     let data = d.path().join("data");
     make_dataset(&data, 20, 1);
-    let dump = |name: &str, workers: &str| {
+    let dump = |name: &str, extra: &[&str]| {
         let out = d.path().join(name);
-        ok(&[
+        let mut args = vec![
             "vision",
             data.to_str().unwrap(),
             "--batch-size",
@@ -127,16 +127,29 @@ fn dump_writes_batches_and_is_identical_across_runs_and_worker_counts() {
             "5",
             "--size",
             "64",
-            "--workers",
-            workers,
             "--quiet",
             "--dump",
             out.to_str().unwrap(),
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
         out
     };
-    let one = dump("one", "1");
-    let two = dump("two", "2");
+    let one = dump("one", &["--workers", "1"]);
+    let two = dump("two", &["--workers", "2"]);
+    // Autotune moves threads between read and decode while it runs; the
+    // batches stay the same.
+    let report = d.path().join("tuned.json");
+    let tuned = dump(
+        "tuned",
+        &["--autotune", "--report-json", report.to_str().unwrap()],
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert!(r["workers"]["read"].as_u64().is_some_and(|w| w >= 1), "{r}");
+    assert!(
+        r["workers"]["decode"].as_u64().is_some_and(|w| w >= 1),
+        "{r}"
+    );
     let (descr, shape) = npy_header(&one.join("images_000000.npy"));
     assert_eq!((descr.as_str(), shape), ("|u1", vec![8, 3, 64, 64]));
     assert_eq!(
@@ -159,6 +172,11 @@ fn dump_writes_batches_and_is_identical_across_runs_and_worker_counts() {
                 std::fs::read(one.join(&f)).unwrap(),
                 std::fs::read(two.join(&f)).unwrap(),
                 "{f}"
+            );
+            assert_eq!(
+                std::fs::read(one.join(&f)).unwrap(),
+                std::fs::read(tuned.join(&f)).unwrap(),
+                "{f} with --autotune"
             );
         }
     }

@@ -57,8 +57,9 @@ pub(crate) struct SegModel {
     pub tuned: bool,
 }
 
-/// Safety margin on measured costs when sizing: a stage is given workers
-/// until it could run 10% faster than it needs to.
+/// Safety margin on measured blocked time when sizing (blocked time varies
+/// more than CPU time, and CPU-bound pools are held back by the CPU limit
+/// anyway, so they are not oversubscribed).
 const MARGIN: f64 = 1.1;
 
 /// Samples/s the model predicts for worker counts `w`.
@@ -70,7 +71,7 @@ pub(crate) fn predicted_rate(cpus: f64, segs: &[SegModel], w: &[usize], margin: 
         f64::INFINITY
     };
     for (s, &n) in segs.iter().zip(w) {
-        let per = (s.cpu_ns + s.blocked_ns) * margin;
+        let per = s.cpu_ns + s.blocked_ns * margin;
         if per > 0.0 {
             x = x.min(n as f64 * 1e9 / per);
         }

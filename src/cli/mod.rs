@@ -99,6 +99,12 @@ pub struct CommonArgs {
     /// Threads per CPU stage: `auto` sizes from the CPUs this process may use.
     #[arg(long, default_value = "auto", value_parser = parse_workers, value_name = "auto|N")]
     pub workers: Parallelism,
+    /// Tune worker counts while running (with `--workers auto`): each stage
+    /// gets its own pool and a tuner moves threads between them from the
+    /// measured CPU and blocked time per sample — for reads that wait on
+    /// slow storage. The table shows the counts it ended with.
+    #[arg(long)]
+    pub autotune: bool,
     /// Byte budget for samples and batches in flight, e.g. 256MiB.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_bytes_in_flight: Option<usize>,
@@ -153,6 +159,7 @@ impl CommonArgs {
             .shard(self.shard()?)
             .on_error(self.on_error)
             .cpus(cpus)
+            .autotune(self.autotune)
             .max_bytes_in_flight(
                 self.max_bytes_in_flight
                     .unwrap_or(resources.default_budget()),
