@@ -112,6 +112,11 @@ fn scenario(name: &str, spec: Spec, cpus: usize) {
     let first = epoch_rate(&tuned, 0);
     let steady = epoch_rate(&tuned, 1).max(epoch_rate(&tuned, 2));
     let chosen: Vec<usize> = tuned.workers().iter().skip(1).map(|w| w.1).collect();
+    if std::env::var_os("AUTOTUNE_LOG").is_some() {
+        for step in tuned.autotune_log() {
+            println!("    {step:?}");
+        }
+    }
     println!("  default (fused on {cpus}):  {fused:8.0} samples/s");
     println!(
         "  autotune: first epoch {first:.0}, then {steady:.0} samples/s with {chosen:?} ({} changes)",

@@ -1565,6 +1565,18 @@ fn tune_step(shared: &Shared, est: &mut [Option<(f64, f64)>]) {
         at_s: shared.t0.elapsed().as_secs_f64(),
         workers,
         predicted_per_s: predicted,
+        costs: shared
+            .segments
+            .iter()
+            .zip(&segs)
+            .map(|(seg, m)| {
+                let names: Vec<&str> = shared.stages[seg.stages.clone()]
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect();
+                (names.join("+"), m.cpu_ns / 1e3, m.blocked_ns / 1e3)
+            })
+            .collect(),
     });
 }
 
