@@ -8,22 +8,11 @@ use std::time::{Duration, Instant};
 use ferrofeed_core::prelude::*;
 use ferrofeed_core::source::ShardIter;
 
+mod common;
+use common::ff_threads;
+
 /// Tests here count this process's `ff-` threads: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn ff_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| {
-                    std::fs::read_to_string(e.path().join("comm"))
-                        .map(|c| c.starts_with("ff-"))
-                        .unwrap_or(false)
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
 
 fn spin(d: Duration) {
     let t = Instant::now();

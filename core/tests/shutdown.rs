@@ -5,6 +5,9 @@ use std::time::{Duration, Instant};
 
 use ferrofeed_core::prelude::*;
 
+mod common;
+use common::ff_threads;
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 #[derive(Clone, Debug, PartialEq)]
@@ -65,10 +68,10 @@ fn early_drop_and_a_hundred_epochs_reuse_the_pools() {
     // be after other workers finished an epoch: wait for all six.
     assert_eq!(collect_all(&p, 1000).len(), 200);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while thread_count() < 6 && Instant::now() < deadline {
+    while ff_threads() < 6 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let threads_before = thread_count();
+    let threads_before = ff_threads();
     assert_eq!(threads_before, 6, "3 + 2 pool threads and the monitor");
     for e in 0..100 {
         if e % 3 == 0 {
@@ -82,30 +85,16 @@ fn early_drop_and_a_hundred_epochs_reuse_the_pools() {
         }
     }
     assert_eq!(
-        thread_count(),
+        ff_threads(),
         threads_before,
         "no thread is started per epoch"
     );
 }
 
-/// Threads of this process started by ferrofeed (named `ff-…`).
-fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| {
-                    std::fs::read_to_string(e.path().join("comm"))
-                        .is_ok_and(|c| c.starts_with("ff-"))
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
-
 #[test]
 fn dropping_the_pipeline_joins_every_thread_quickly() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let before = thread_count();
+    let before = ff_threads();
     let p = Pipeline::builder(vals(1_000_000))
         .map_with(
             "cooperative",
@@ -134,13 +123,13 @@ fn dropping_the_pipeline_joins_every_thread_quickly() {
         "took {:?}",
         t.elapsed()
     );
-    assert_eq!(thread_count(), before);
+    assert_eq!(ff_threads(), before);
 }
 
 #[test]
 fn a_consumer_that_panics_mid_epoch_leaves_no_thread_behind() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let before = thread_count();
+    let before = ff_threads();
     let r = std::panic::catch_unwind(|| {
         let p = Pipeline::builder(vals(10_000))
             .batch_size(4)
@@ -155,7 +144,7 @@ fn a_consumer_that_panics_mid_epoch_leaves_no_thread_behind() {
         }
     });
     assert!(r.is_err());
-    assert_eq!(thread_count(), before);
+    assert_eq!(ff_threads(), before);
 }
 
 /// Runs `f` on its own thread; a test that is still running after `limit`
@@ -180,11 +169,11 @@ fn watchdog<T: Send + 'static>(
 /// Waits (at most 1 s) for the pool threads to go back to `before`.
 fn joined_within_a_second(before: usize, what: &str) {
     let t = Instant::now();
-    while thread_count() > before {
+    while ff_threads() > before {
         assert!(
             t.elapsed() < Duration::from_secs(1),
             "{what}: {} pool threads left 1 s after the drop",
-            thread_count() - before
+            ff_threads() - before
         );
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -193,7 +182,7 @@ fn joined_within_a_second(before: usize, what: &str) {
 #[test]
 fn misbehaving_stages_and_consumers_never_hang_and_leave_no_thread() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let before = thread_count();
+    let before = ff_threads();
 
     // A stage that panics on some samples, under `skip`.
     watchdog("panicking stage", Duration::from_secs(20), || {
