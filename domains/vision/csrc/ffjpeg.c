@@ -141,9 +141,14 @@ int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
   if (sy > 0) {
     jpeg_skip_scanlines(&cinfo, sy);
   }
+  /* Several rows per call: with one, libjpeg upsamples and converts into a
+   * spare row group and copies each row out. */
   for (row = 0; row < ey - sy;) {
-    JSAMPROW ptr = out + (unsigned long)row * cw * 3UL;
-    JDIMENSION got = jpeg_read_scanlines(&cinfo, &ptr, 1);
+    JSAMPROW rows[16];
+    JDIMENSION want = ey - sy - row, i, got;
+    if (want > 16) want = 16;
+    for (i = 0; i < want; i++) rows[i] = out + (unsigned long)(row + i) * cw * 3UL;
+    got = jpeg_read_scanlines(&cinfo, rows, want);
     if (got == 0) break;
     row += got;
     if (err.eof) break;
