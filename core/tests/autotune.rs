@@ -173,3 +173,31 @@ fn iterable_sources_and_early_drop() {
     }
     assert_eq!(ff_threads(), before);
 }
+
+#[test]
+fn a_failing_sample_stops_the_epoch_and_the_next_one_runs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = Pipeline::builder(FnSource::new(300, |i| Ok(i as i64)))
+        .map("fetch", |x: i64, ctx: &StageCtx| {
+            std::thread::sleep(Duration::from_micros(300));
+            if ctx.epoch() == 0 && x == 211 {
+                return Err::<i64, BoxError>("sample 211 is broken".into());
+            }
+            Ok(x)
+        })
+        .map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x))
+        .batch_size(4)
+        .autotune(true)
+        .autotune_max_workers(6)
+        .autotune_interval(Duration::from_millis(5))
+        .collate(StackCollate::new().column::<i64>("x"))
+        .build()
+        .expect("valid plan");
+    let err = p.epoch(0).find_map(|b| b.err()).expect("epoch 0 fails");
+    assert_eq!(err.index, Some(211));
+    assert_eq!(err.stage, "fetch");
+    // Workers the tuner parked or woke during the failed epoch all take part
+    // in the next one.
+    let n: usize = p.epoch(1).map(|b| b.expect("epoch 1 is clean").len()).sum();
+    assert_eq!(n, 300);
+}
