@@ -2051,7 +2051,7 @@ impl Pipeline {
                 s.name.clone(),
                 s.workers,
                 format!(
-                    "no stage is busy (highest: {} at {pct:.0}%): waiting on I/O or too little prefetch — raise the read stage's workers or the prefetch",
+                    "no stage is busy (highest: {} at {pct:.0}%): waiting on I/O or too little prefetch — raise the read stage's workers or the prefetch, or turn on autotune (`--autotune`), which sizes pools from their blocked time",
                     s.name
                 ),
             )
