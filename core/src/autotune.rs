@@ -147,16 +147,31 @@ pub(crate) fn worth_applying(
     next > now * 1.03 || (fewer && next >= now * 0.99)
 }
 
-/// Per-pool counters the workers add to and the tuner drains.
+/// Per-pool counters the workers add to and the tuner drains, plus running
+/// totals for the reports (cleared by `reset`).
 #[derive(Debug, Default)]
 pub(crate) struct SegMeter {
     pub samples: AtomicU64,
     pub wall_ns: AtomicU64,
     pub cpu_ns: AtomicU64,
     pub runq_ns: AtomicU64,
+    pub total_wall_ns: AtomicU64,
+    /// On a CPU or runnable (waiting for one).
+    pub total_cpu_ns: AtomicU64,
 }
 
 impl SegMeter {
+    /// Share of the pool's working time spent on a CPU or waiting for one
+    /// (not blocked) since the last reset (`None` before any task).
+    pub fn cpu_share(&self) -> Option<f64> {
+        let wall = self.total_wall_ns.load(Ordering::Relaxed);
+        (wall > 0).then(|| self.total_cpu_ns.load(Ordering::Relaxed) as f64 / wall as f64)
+    }
+    pub fn reset_totals(&self) {
+        self.total_wall_ns.store(0, Ordering::Relaxed);
+        self.total_cpu_ns.store(0, Ordering::Relaxed);
+    }
+
     /// Takes the counts since the last call: `(samples, wall, cpu, runq)`.
     pub fn drain(&self) -> (u64, u64, u64, u64) {
         (
@@ -225,6 +240,10 @@ impl TaskMeter {
         meter.wall_ns.fetch_add(wall, Ordering::Relaxed);
         meter.cpu_ns.fetch_add(cpu.min(wall), Ordering::Relaxed);
         meter.runq_ns.fetch_add(runq.min(wall), Ordering::Relaxed);
+        meter.total_wall_ns.fetch_add(wall, Ordering::Relaxed);
+        meter
+            .total_cpu_ns
+            .fetch_add((cpu + runq).min(wall), Ordering::Relaxed);
     }
 }
 

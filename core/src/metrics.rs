@@ -171,6 +171,10 @@ pub struct StageReport {
     pub skipped: u64,
     /// Retries.
     pub retries: u64,
+    /// Share of its worker pool's working time spent on a CPU or waiting
+    /// for one (0–1; the rest was blocked on I/O, locks or sleeps). Stages fused in one pool share
+    /// the figure. `None` with metrics off or before any task.
+    pub cpu_fraction: Option<f64>,
     /// Mean fill of the queue feeding this stage (0–1), where it has one
     /// (the first stage of each segment after the first).
     pub input_queue_fill: Option<f64>,

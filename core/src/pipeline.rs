@@ -1425,7 +1425,9 @@ fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiv
         ns_per_batch: 0.0,
         meter: None,
     };
-    if worker.shared.cfg.autotune {
+    if worker.shared.cfg.autotune || worker.shared.cfg.metrics {
+        // CPU vs blocked time per task: the tuner's input, and the reports'
+        // `cpu_fraction` (two reads of the thread's schedstat per task).
         worker.meter = Some(crate::autotune::TaskMeter::new());
     }
     if let Some(sink) = &worker.shared.trace {
@@ -1988,6 +1990,20 @@ impl Pipeline {
                     errors: m.errors.load(Ordering::Relaxed),
                     skipped: m.skipped.load(Ordering::Relaxed),
                     retries: m.retries.load(Ordering::Relaxed),
+                    cpu_fraction: {
+                        let seg = if i == 0 {
+                            0
+                        } else if i + 1 == n {
+                            self.shared.segments.len() - 1
+                        } else {
+                            self.shared
+                                .segments
+                                .iter()
+                                .position(|s| s.stages.contains(&(i - 1)))
+                                .unwrap_or(0)
+                        };
+                        self.shared.meters[seg].cpu_share()
+                    },
                     input_queue_fill: {
                         let n = m.queue_samples.load(Ordering::Relaxed);
                         (n > 0).then(|| {
@@ -2033,6 +2049,18 @@ impl Pipeline {
                     "the consumer waited {:.0}% of the time for data: the pipeline outruns it (busiest stage {} at {pct:.0}%)",
                     stall * 100.0,
                     s.name
+                ),
+            )
+        } else if s.busy_fraction >= 0.5 && s.cpu_fraction.is_some_and(|c| c < 0.5) {
+            let cpu = s.cpu_fraction.unwrap_or(0.0) * 100.0;
+            (
+                s.name.clone(),
+                s.workers,
+                format!(
+                    "{}: {} worker{} at {pct:.0}% busy but only {cpu:.0}% of that on (or waiting for) a CPU — it is blocked (I/O, locks, sleeps): give it more workers, not CPUs (`--autotune` sizes pools from their blocked time)",
+                    s.name,
+                    s.workers,
+                    if s.workers == 1 { "" } else { "s" }
                 ),
             )
         } else if s.busy_fraction >= 0.5 {
@@ -2082,6 +2110,9 @@ impl Pipeline {
         self.shared.budget.reset_peak();
         *self.metrics_since() = Instant::now();
         self.shared.reset_timeline();
+        for m in &self.shared.meters {
+            m.reset_totals();
+        }
     }
 
     /// Queue fill, bytes in flight, throughput and worker counts over time

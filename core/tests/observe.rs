@@ -60,6 +60,54 @@ fn stage_reports_name_the_busy_stage() {
 }
 
 #[test]
+fn cpu_share_tells_a_waiting_stage_from_a_working_one() {
+    let run = |spin: bool| {
+        let p = Pipeline::builder(FnSource::new(300, |i| Ok(i as i64)))
+            .map_with(
+                "slow",
+                StageOptions::new().workers(Parallelism::Fixed(2)),
+                move |x: i64, _: &StageCtx| {
+                    let t = std::time::Instant::now();
+                    if spin {
+                        while t.elapsed() < Duration::from_micros(500) {
+                            std::hint::black_box(0);
+                        }
+                    } else {
+                        std::thread::sleep(Duration::from_micros(500));
+                    }
+                    Ok::<_, BoxError>(x)
+                },
+            )
+            .batch_size(8)
+            .collate(StackCollate::new().column::<i64>("x"))
+            .build()
+            .unwrap();
+        p.reset_metrics();
+        assert_eq!(p.epoch(0).count(), 38);
+        let share = p
+            .stage_reports()
+            .iter()
+            .find(|s| s.name == "slow")
+            .and_then(|s| s.cpu_fraction)
+            .expect("measured");
+        (share, p.bottleneck().unwrap())
+    };
+    let (waiting, b) = run(false);
+    assert!(
+        waiting < 0.3,
+        "a sleeping stage is mostly off-CPU: {waiting}"
+    );
+    assert_eq!(b.stage, "slow");
+    assert!(b.advice.contains("more workers, not CPUs"), "{}", b.advice);
+    let (working, b) = run(true);
+    assert!(
+        working > 0.6,
+        "a spinning stage is mostly on a CPU: {working}"
+    );
+    assert!(b.advice.contains("give it more CPUs"), "{}", b.advice);
+}
+
+#[test]
 fn a_slow_consumer_is_named_as_the_bottleneck() {
     let p = Pipeline::builder(FnSource::new(400, |i| Ok(i as i64)))
         .map_with(
