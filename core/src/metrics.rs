@@ -247,9 +247,9 @@ pub struct TimelinePoint {
     /// Batches ready ahead of the consumer, as a fraction of the prefetch
     /// window (0–1; near 1 the pipeline outruns the consumer).
     pub output_queue_fill: f64,
-    /// Fill of each inter-stage queue (0–1), tasks queued or being sent
-    /// over its capacity (`None` where the epoch has not set it up).
-    pub input_queue_fill: Vec<Option<f64>>,
+    /// Fill of each inter-stage queue (0–1): tasks queued or being sent
+    /// over its capacity.
+    pub input_queue_fill: Vec<f64>,
     /// Active workers per pool at the end of the interval.
     pub workers: Vec<usize>,
 }
@@ -278,10 +278,7 @@ impl Timeline {
                         .input_queue_fill
                         .iter()
                         .zip(&b.input_queue_fill)
-                        .map(|(x, y)| match (x, y) {
-                            (Some(x), Some(y)) => Some(mean(*x, *y)),
-                            (x, y) => x.or(*y),
-                        })
+                        .map(|(x, y)| mean(*x, *y))
                         .collect(),
                     workers: b.workers.clone(),
                 }
@@ -302,7 +299,7 @@ mod timeline_tests {
             samples_per_s: t,
             bytes_in_flight: t as u64,
             output_queue_fill: fill,
-            input_queue_fill: vec![Some(fill), None],
+            input_queue_fill: vec![fill, 1.0 - fill],
             workers: vec![2],
         }
     }
@@ -321,7 +318,7 @@ mod timeline_tests {
         // Pairs (0, 1) → one point at t = 1 with the mean fill.
         assert_eq!(tl.points[0].t_s, 1.0);
         assert_eq!(tl.points[0].output_queue_fill, 0.5);
-        assert_eq!(tl.points[0].input_queue_fill, vec![Some(0.5), None]);
+        assert_eq!(tl.points[0].input_queue_fill, vec![0.5, 0.5]);
         assert_eq!(
             tl.points.last().map(|p| p.t_s),
             Some((Timeline::MAX_POINTS - 1) as f64)

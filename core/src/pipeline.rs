@@ -271,6 +271,19 @@ struct Segment {
     first_slot: usize,
 }
 
+/// A pool's name: its stages joined by `+` (`source` for a pool with none).
+fn pool_label(stages: &[StageNode], seg: &Segment) -> String {
+    let names: Vec<&str> = stages[seg.stages.clone()]
+        .iter()
+        .map(|n| n.name.as_str())
+        .collect();
+    if names.is_empty() {
+        "source".to_string()
+    } else {
+        names.join("+")
+    }
+}
+
 #[derive(Default)]
 struct WorkerSlot {
     since_ns: AtomicU64,
@@ -375,26 +388,19 @@ impl Shared {
             .collect();
         let meters = segments.iter().map(|_| Default::default()).collect();
         let n_segments = segments.len();
-        let queue_stages: Vec<usize> = segments
-            .iter()
-            .skip(1)
-            .map(|s| s.stages.start + 1)
-            .collect();
-        let stage_label = |seg: &Segment| {
-            stages[seg.stages.clone()]
-                .iter()
-                .map(|n| n.name.as_str())
-                .collect::<Vec<_>>()
-                .join("+")
-        };
         let timeline = TimelineRec {
             tl: crate::metrics::Timeline {
                 interval_s: TIMELINE_EVERY.as_secs_f64(),
-                queues: queue_stages
+                // Each pool after the first is fed by a queue.
+                queues: segments
                     .iter()
-                    .map(|&m| stages[m - 1].name.clone())
+                    .skip(1)
+                    .map(|s| stages[s.stages.start].name.clone())
                     .collect(),
-                pools: segments.iter().map(stage_label).collect(),
+                pools: segments
+                    .iter()
+                    .map(|seg| pool_label(&stages, seg))
+                    .collect(),
                 points: Vec::new(),
             },
             start_ns: 0,
@@ -441,7 +447,7 @@ impl Shared {
     }
 
     /// Adds a timeline point for the interval ending now (called by the
-    /// consumer when one is due).
+    /// monitor thread when one is due).
     fn sample_timeline(&self) {
         let now = self.t0.elapsed().as_nanos() as u64;
         let Ok(mut rec) = self.timeline.try_lock() else {
@@ -459,7 +465,7 @@ impl Shared {
             (self.queue_len[q].load(Ordering::Relaxed) as f64 / cap as f64).min(1.0)
         };
         let segs = self.segments.len();
-        let fills = (1..segs).map(|q| Some(fill(q))).collect();
+        let fills = (1..segs).map(fill).collect();
         let out_fill = fill(segs);
         let point = crate::metrics::TimelinePoint {
             t_s: now.saturating_sub(rec.start_ns) as f64 / 1e9,
@@ -473,9 +479,7 @@ impl Shared {
             let mut fill = serde_json::Map::new();
             fill.insert("output".into(), point.output_queue_fill.into());
             for (name, f) in rec.tl.queues.iter().zip(&point.input_queue_fill) {
-                if let Some(f) = f {
-                    fill.insert(name.clone(), (*f).into());
-                }
+                fill.insert(name.clone(), (*f).into());
             }
             let ts = sink.ns(self.t0) + now;
             sink.counter(ts, "queue fill", serde_json::Value::Object(fill));
@@ -507,6 +511,32 @@ impl Shared {
 
     fn active(&self, seg: usize) -> usize {
         self.active[seg].load(Ordering::Acquire)
+    }
+
+    /// `(stage name, count(pool))` for the source and every stage.
+    fn stage_workers(&self, count: impl Fn(usize) -> usize) -> Vec<(String, usize)> {
+        let mut v = vec![("source".to_string(), count(0))];
+        for (si, seg) in self.segments.iter().enumerate() {
+            for i in seg.stages.clone() {
+                v.push((self.stages[i].name.clone(), count(si)));
+            }
+        }
+        v
+    }
+
+    /// The pool that runs metric `metric_index` (`[source, stages…,
+    /// collate]`): the source runs in the first pool, collate in the last.
+    fn segment_of(&self, metric_index: usize) -> usize {
+        if metric_index == 0 {
+            0
+        } else if metric_index > self.stages.len() {
+            self.segments.len() - 1
+        } else {
+            self.segments
+                .iter()
+                .position(|s| s.stages.contains(&(metric_index - 1)))
+                .unwrap_or(0)
+        }
     }
 
     fn stage_name(&self, metric_index: usize) -> &str {
@@ -1548,15 +1578,7 @@ fn tune_step(shared: &Shared, est: &mut [Option<(f64, f64)>]) {
         let _guard = shared.park.0.lock().unwrap_or_else(|e| e.into_inner());
         shared.park.1.notify_all();
     }
-    let mut workers = Vec::new();
-    for (si, seg) in shared.segments.iter().enumerate() {
-        if si == 0 {
-            workers.push(("source".to_string(), proposal[0]));
-        }
-        for i in seg.stages.clone() {
-            workers.push((shared.stages[i].name.clone(), proposal[si]));
-        }
-    }
+    let workers = shared.stage_workers(|s| proposal[s]);
     let predicted = crate::autotune::predicted_rate(cpus, &segs, &proposal, 1.0);
     tracing::debug!(?workers, predicted, "ferrofeed: autotune");
     let mut log = shared.tune_log.lock().unwrap_or_else(|e| e.into_inner());
@@ -1572,11 +1594,11 @@ fn tune_step(shared: &Shared, est: &mut [Option<(f64, f64)>]) {
             .iter()
             .zip(&segs)
             .map(|(seg, m)| {
-                let names: Vec<&str> = shared.stages[seg.stages.clone()]
-                    .iter()
-                    .map(|n| n.name.as_str())
-                    .collect();
-                (names.join("+"), m.cpu_ns / 1e3, m.blocked_ns / 1e3)
+                (
+                    pool_label(&shared.stages, seg),
+                    m.cpu_ns / 1e3,
+                    m.blocked_ns / 1e3,
+                )
             })
             .collect(),
     });
@@ -1611,15 +1633,7 @@ impl Pipeline {
         let mut handles = Vec::new();
         let mut slot = 0;
         for (seg, s) in shared.segments.iter().enumerate() {
-            let names: Vec<&str> = shared.stages[s.stages.clone()]
-                .iter()
-                .map(|n| n.name.as_str())
-                .collect();
-            let label = if names.is_empty() {
-                "source".to_string()
-            } else {
-                names.join("+")
-            };
+            let label = pool_label(&shared.stages, s);
             for w in 0..s.workers {
                 let (tx, rx) = flume::unbounded();
                 let sh = Arc::clone(&shared);
@@ -1683,13 +1697,7 @@ impl Pipeline {
     /// under [`autotune`](crate::PipelineBuilder::autotune): the workers
     /// active now).
     pub fn workers(&self) -> Vec<(String, usize)> {
-        let mut v = vec![("source".to_string(), self.shared.active(0))];
-        for (si, seg) in self.shared.segments.iter().enumerate() {
-            for i in seg.stages.clone() {
-                v.push((self.shared.stages[i].name.clone(), self.shared.active(si)));
-            }
-        }
-        v
+        self.shared.stage_workers(|s| self.shared.active(s))
     }
 
     /// The changes the autotuner made, oldest first (the last 256).
@@ -1968,16 +1976,11 @@ impl Pipeline {
     pub fn stage_reports(&self) -> Vec<StageReport> {
         let since = *self.metrics_since();
         let wall = since.elapsed().as_nanos().max(1) as f64;
-        let workers = self.workers();
-        let n = self.shared.metrics.len();
-        (0..n)
+        (0..self.shared.metrics.len())
             .map(|i| {
                 let m = &self.shared.metrics[i];
-                let w = if i + 1 == n {
-                    self.shared.active(self.shared.segments.len() - 1)
-                } else {
-                    workers.get(i).map_or(1, |x| x.1)
-                };
+                let seg = self.shared.segment_of(i);
+                let w = self.shared.active(seg);
                 let busy = m.busy_ns.load(Ordering::Relaxed) as f64;
                 StageReport {
                     name: self.shared.stage_name(i).to_string(),
@@ -1990,20 +1993,7 @@ impl Pipeline {
                     errors: m.errors.load(Ordering::Relaxed),
                     skipped: m.skipped.load(Ordering::Relaxed),
                     retries: m.retries.load(Ordering::Relaxed),
-                    cpu_fraction: {
-                        let seg = if i == 0 {
-                            0
-                        } else if i + 1 == n {
-                            self.shared.segments.len() - 1
-                        } else {
-                            self.shared
-                                .segments
-                                .iter()
-                                .position(|s| s.stages.contains(&(i - 1)))
-                                .unwrap_or(0)
-                        };
-                        self.shared.meters[seg].cpu_share()
-                    },
+                    cpu_fraction: self.shared.meters[seg].cpu_share(),
                     input_queue_fill: {
                         let n = m.queue_samples.load(Ordering::Relaxed);
                         (n > 0).then(|| {

@@ -211,12 +211,7 @@ fn the_timeline_shows_queues_filling_over_time() {
     assert!(first >= 3 && tl.points.len() >= first + 3, "{first} {tl:?}");
     let (slow_stage, slow_consumer) = tl.points.split_at(first);
     let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let b_fill = mean(
-        slow_stage
-            .iter()
-            .filter_map(|p| p.input_queue_fill[0])
-            .collect(),
-    );
+    let b_fill = mean(slow_stage.iter().map(|p| p.input_queue_fill[0]).collect());
     let out_then = mean(slow_stage.iter().map(|p| p.output_queue_fill).collect());
     let out_later = mean(
         slow_consumer[1..]
