@@ -2,28 +2,27 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+
+/// The cache folder these tests share.
+fn cache() -> PathBuf {
+    std::env::temp_dir().join("ferrofeed-test-cache")
+}
+
+/// The command with the shared cache, for runs that set more of the
+/// environment.
 fn ff() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferrofeed"));
-    c.env(
-        "FERROFEED_CACHE_DIR",
-        std::env::temp_dir().join("ferrofeed-test-cache"),
-    );
+    c.env("FERROFEED_CACHE_DIR", cache());
     c
 }
 
 fn run(args: &[&str]) -> Output {
-    ff().args(args).output().expect("the binary runs")
+    common::run_in(&cache(), args)
 }
 
 fn ok(args: &[&str]) -> String {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "ferrofeed {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::ok_in(&cache(), args)
 }
 
 fn make_dataset(dir: &Path, count: u64, seed: u64) {
@@ -60,30 +59,9 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Parses the header of a `.npy` file: (descr, shape).
+/// The header of a `.npy` file: (descr, shape).
 fn npy_header(path: &Path) -> (String, Vec<usize>) {
-    let bytes = std::fs::read(path).unwrap();
-    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    let h = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
-    let descr = h
-        .split("'descr': '")
-        .nth(1)
-        .unwrap()
-        .split('\'')
-        .next()
-        .unwrap()
-        .to_string();
-    let shape_src = h
-        .split("'shape': (")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap();
-    let shape = shape_src
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    let (descr, shape, _) = common::npy(path);
     (descr, shape)
 }
 
@@ -460,12 +438,7 @@ fn webdataset_shards_run_and_name_members() {
 }
 
 fn read_npy_i64(path: &Path) -> Vec<i64> {
-    let bytes = std::fs::read(path).unwrap();
-    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    bytes[10 + hlen..]
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    common::npy_i64(path).1
 }
 
 fn dumped(dir: &Path, col: &str) -> Vec<Vec<u8>> {
