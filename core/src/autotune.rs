@@ -62,21 +62,32 @@ pub(crate) struct SegModel {
 /// anyway, so they are not oversubscribed).
 const MARGIN: f64 = 1.1;
 
-/// Samples/s the model predicts for worker counts `w`.
-pub(crate) fn predicted_rate(cpus: f64, segs: &[SegModel], w: &[usize], margin: f64) -> f64 {
+/// Samples/s the CPUs allow: all of them on the pools' CPU work.
+fn cpu_limit(cpus: f64, segs: &[SegModel]) -> f64 {
     let total_cpu: f64 = segs.iter().map(|s| s.cpu_ns).sum();
-    let mut x = if total_cpu > 0.0 {
+    if total_cpu > 0.0 {
         cpus * 1e9 / total_cpu
     } else {
         f64::INFINITY
-    };
-    for (s, &n) in segs.iter().zip(w) {
-        let per = s.cpu_ns + s.blocked_ns * margin;
-        if per > 0.0 {
-            x = x.min(n as f64 * 1e9 / per);
-        }
     }
-    x
+}
+
+/// Samples/s one pool's `n` workers allow, with `margin` on blocked time.
+fn pool_rate(s: &SegModel, n: usize, margin: f64) -> f64 {
+    let per = s.cpu_ns + s.blocked_ns * margin;
+    if per > 0.0 {
+        n as f64 * 1e9 / per
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// Samples/s the model predicts for worker counts `w`.
+pub(crate) fn predicted_rate(cpus: f64, segs: &[SegModel], w: &[usize], margin: f64) -> f64 {
+    segs.iter()
+        .zip(w)
+        .map(|(s, &n)| pool_rate(s, n, margin))
+        .fold(cpu_limit(cpus, segs), f64::min)
 }
 
 /// The smallest split that reaches the model's best rate: start at one
@@ -95,27 +106,14 @@ pub(crate) fn propose(
         .zip(fixed)
         .map(|(s, &f)| if s.tuned { 1 } else { f })
         .collect();
-    let total_cpu: f64 = segs.iter().map(|s| s.cpu_ns).sum();
-    let cpu_limit = if total_cpu > 0.0 {
-        cpus * 1e9 / total_cpu
-    } else {
-        f64::INFINITY
-    };
-    let rate = |s: &SegModel, n: usize| {
-        let per = s.cpu_ns + s.blocked_ns * MARGIN;
-        if per > 0.0 {
-            n as f64 * 1e9 / per
-        } else {
-            f64::INFINITY
-        }
-    };
+    let cpu_limit = cpu_limit(cpus, segs);
     loop {
         let x = predicted_rate(cpus, segs, &w, MARGIN);
         if !x.is_finite() || x >= cpu_limit * (1.0 - 1e-9) {
             break;
         }
         let limiting: Vec<usize> = (0..segs.len())
-            .filter(|&i| rate(&segs[i], w[i]) <= x * (1.0 + 1e-9))
+            .filter(|&i| pool_rate(&segs[i], w[i], MARGIN) <= x * (1.0 + 1e-9))
             .collect();
         let stuck = limiting
             .iter()
