@@ -4,8 +4,10 @@
 # same lines vs a PyTorch DataLoader (per-item tokenize, pad-to-longest
 # collate), one worker per CPU, interleaved ROUNDS times; prints medians and
 # ratios. Usage: bash bench/text_vs_torch.sh [CORPUS.txt] [ROUNDS]
-# (default corpus: the embedded one three times over, ~1.3 MB, so that each
-# contender works for a good fraction of a second)
+# (default corpus: 1.5 MB of Python standard-library docstrings, no line
+# repeated — bench/text_corpus.py — so that each contender works for a good
+# fraction of a second and ferrofeed's word cache sees a real corpus's
+# vocabulary, not the same lines again)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CORPUS=${1:-}
@@ -15,14 +17,13 @@ OUT=bench/out
 VENV=${VENV:-bench/.venv}   # an existing venv with torch can be named here
 TOK=domains/text/data/tokenizer.json
 mkdir -p "$OUT"
-if [ -z "$CORPUS" ]; then
-  CORPUS="$OUT/text-corpus-x3.txt"
-  cat domains/text/data/corpus.txt domains/text/data/corpus.txt domains/text/data/corpus.txt > "$CORPUS"
-fi
-
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import torch, tokenizers" 2>/dev/null; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q torch tokenizers numpy
+fi
+if [ -z "$CORPUS" ]; then
+  CORPUS="$OUT/text-corpus-docstrings.txt"
+  "$VENV/bin/python" bench/text_corpus.py 1500000 > "$CORPUS"
 fi
 cargo build --release -q --bin ferrofeed -p ferrofeed
 FF=target/release/ferrofeed

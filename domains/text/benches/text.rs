@@ -1,6 +1,8 @@
 //! Tokens per second: the `tokenizers` crate's batch encoder on its own, one
-//! thread encoding sample by sample, and the full text pipeline (token cache
-//! built on the pipeline's workers, bucketed, padded) on the embedded corpus.
+//! thread encoding sample by sample (the crate whole, and through a warm word
+//! cache), and the full text pipeline (token cache built on the pipeline's
+//! fresh workers, so their word caches start empty; bucketed, padded) on the
+//! embedded corpus.
 //!
 //! `cargo bench -p ferrofeed-text --bench text`
 use std::sync::Arc;
@@ -31,6 +33,15 @@ fn bench(c: &mut Criterion) {
         b.iter(|| tok.encode_batch(&lines).expect("encode"))
     });
     g.bench_function("raw_encode_per_sample_1_thread", |b| {
+        b.iter(|| {
+            lines
+                .iter()
+                .map(|l| tok.encode_whole(l).expect("encode").0.len())
+                .sum::<usize>()
+        })
+    });
+    // After the first pass every word is in this thread's word cache.
+    g.bench_function("word_cache_warm_1_thread", |b| {
         b.iter(|| {
             lines
                 .iter()

@@ -8,6 +8,18 @@
 //! its samples one by one — the pipeline's workers are the parallelism, so
 //! the crate's own thread pool is not used.
 //!
+//! **Word cache.** When the tokenizer's normalizer and pre-tokenizer cannot
+//! carry anything across ASCII whitespace (BERT-style: `BertNormalizer`,
+//! `Lowercase`, the Unicode normal forms, `StripAccents` before
+//! `BertPreTokenizer`, `Whitespace` or `WhitespaceSplit`, optionally with
+//! `Punctuation`/`Digits`; no added token holding or stripping whitespace),
+//! a text's ids are the concatenation of its whitespace-separated words'
+//! ids. Each worker thread then keeps the ids of the words it has seen
+//! (up to [`WORD_CACHE_BYTES`]) and runs the crate only on new words; the
+//! special tokens and the truncation are applied as the crate's template
+//! does. Any other tokenizer (byte-level BPE, Metaspace, `Replace`…) is
+//! encoded whole by the crate. [`TextTokenizer::word_cache`] says which.
+//!
 //! ```
 //! use ferrofeed_text::TextTokenizer;
 //! let tok = TextTokenizer::embedded(8).unwrap();
@@ -16,10 +28,13 @@
 //! assert_eq!(ids[0], tok.token_id("[CLS]").unwrap());
 //! assert_eq!(*ids.last().unwrap(), tok.token_id("[SEP]").unwrap());
 //! ```
+use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use ahash::AHashMap;
 
 use ferrofeed_core::{BoxError, Component, Stage, StageCtx};
 use tokenizers::{Tokenizer, TruncationParams};
@@ -47,20 +62,181 @@ impl Component for Tokens {
     }
 }
 
+/// The most bytes of word ids one worker thread keeps (keys, ids and
+/// table overhead counted); past it, new words are encoded but not kept.
+pub const WORD_CACHE_BYTES: usize = 16 << 20;
+
 /// A loaded tokenizer with its truncation length.
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: Arc<Tokenizer>,
+    words: Option<Arc<WordPath>>,
     max_length: usize,
     hash: u64,
     pad_id: u32,
     eos_id: u32,
 }
 
+/// Encoding word by word: the crate (without truncation or special
+/// tokens) for words not seen before, the ids around the sequence that the
+/// post-processor adds, and how many sequence ids fit in `max_length`.
+struct WordPath {
+    words: Tokenizer,
+    prefix: Vec<u32>,
+    suffix: Vec<u32>,
+    budget: usize,
+    key: u64,
+}
+
+/// One thread's word ids, for the `WordPath` whose key it holds.
+#[derive(Default)]
+struct WordCache {
+    key: u64,
+    bytes: usize,
+    ids: AHashMap<Box<str>, Box<[u32]>>,
+}
+
+thread_local! {
+    static WORD_CACHE: RefCell<WordCache> = RefCell::default();
+}
+
+/// Whether splitting at ASCII whitespace first leaves every id unchanged
+/// for the tokenizer described by `json` (see the module docs).
+fn splits_at_whitespace(json: &serde_json::Value) -> bool {
+    fn kind(v: &serde_json::Value) -> &str {
+        v.get("type").and_then(|t| t.as_str()).unwrap_or("")
+    }
+    fn local_normalizer(v: &serde_json::Value) -> bool {
+        match kind(v) {
+            "BertNormalizer" | "Lowercase" | "NFC" | "NFD" | "NFKC" | "NFKD" | "StripAccents" => {
+                true
+            }
+            "Sequence" => v
+                .get("normalizers")
+                .and_then(|n| n.as_array())
+                .is_some_and(|n| n.iter().all(local_normalizer)),
+            _ => false,
+        }
+    }
+    // (splits at and drops whitespace, splits only at fixed characters)
+    fn pre_tokenizer(v: &serde_json::Value) -> (bool, bool) {
+        match kind(v) {
+            "BertPreTokenizer" | "Whitespace" | "WhitespaceSplit" => (true, true),
+            "Punctuation" | "Digits" => (false, true),
+            "Sequence" => {
+                v.get("pretokenizers")
+                    .and_then(|n| n.as_array())
+                    .map_or((false, false), |n| {
+                        n.iter()
+                            .map(pre_tokenizer)
+                            .fold((false, true), |a, b| (a.0 || b.0, a.1 && b.1))
+                    })
+            }
+            _ => (false, false),
+        }
+    }
+    let normal = match json.get("normalizer") {
+        None | Some(serde_json::Value::Null) => true,
+        Some(n) => local_normalizer(n),
+    };
+    let (splits, local) = json
+        .get("pre_tokenizer")
+        .map_or((false, false), pre_tokenizer);
+    let added_ok = json
+        .get("added_tokens")
+        .and_then(|a| a.as_array())
+        .is_some_and(|a| {
+            a.iter().all(|t| {
+                let flag = |k: &str| t.get(k).and_then(|f| f.as_bool()).unwrap_or(false);
+                let content = t.get("content").and_then(|c| c.as_str()).unwrap_or(" ");
+                !flag("lstrip")
+                    && !flag("rstrip")
+                    && !content.bytes().any(|b| b.is_ascii_whitespace())
+            })
+        });
+    normal && splits && local && added_ok
+}
+
+impl WordPath {
+    /// Builds the word path for `tok` (already set to truncate at
+    /// `max_length`), or `None` when the template is not "ids before, the
+    /// sequence, ids after" or leaves no room for the sequence.
+    fn new(tok: &Tokenizer, max_length: usize) -> Option<WordPath> {
+        let mut words = tok.clone();
+        words.with_truncation(None).ok()?;
+        let probe = |text: &str| -> Option<(Vec<u32>, Vec<u32>)> {
+            let whole = words.encode_fast(text, true).ok()?.get_ids().to_vec();
+            let seq = words.encode_fast(text, false).ok()?.get_ids().to_vec();
+            Some((whole, seq))
+        };
+        let (empty, _) = probe("")?;
+        let (whole, seq) = probe("probe words")?;
+        if seq.is_empty() || whole.len() != empty.len() + seq.len() {
+            return None;
+        }
+        let at = whole.windows(seq.len()).position(|w| w == seq.as_slice())?;
+        let (prefix, suffix) = (whole[..at].to_vec(), whole[at + seq.len()..].to_vec());
+        if [prefix.as_slice(), suffix.as_slice()].concat() != empty {
+            return None;
+        }
+        let budget = max_length.checked_sub(prefix.len() + suffix.len())?;
+        static KEYS: AtomicU64 = AtomicU64::new(1);
+        Some(WordPath {
+            words,
+            prefix,
+            suffix,
+            budget,
+            key: KEYS.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// Encodes `text` word by word; the flag says whether it was truncated.
+    fn encode(&self, text: &str) -> Result<(Vec<u32>, bool), BoxError> {
+        WORD_CACHE.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if cache.key != self.key {
+                *cache = WordCache {
+                    key: self.key,
+                    ..WordCache::default()
+                };
+            }
+            let mut ids = Vec::with_capacity(self.prefix.len() + text.len() / 3 + 4);
+            ids.extend_from_slice(&self.prefix);
+            let start = ids.len();
+            for word in text
+                .split([' ', '\t', '\n', '\r'])
+                .filter(|w| !w.is_empty())
+            {
+                match cache.ids.get(word) {
+                    Some(w) => ids.extend_from_slice(w),
+                    None => {
+                        let enc = self.words.encode_fast(word, false)?;
+                        let w = enc.get_ids();
+                        ids.extend_from_slice(w);
+                        let cost = word.len() + 4 * w.len() + 48;
+                        if cache.bytes + cost <= WORD_CACHE_BYTES {
+                            cache.bytes += cost;
+                            cache.ids.insert(word.into(), w.into());
+                        }
+                    }
+                }
+                if ids.len() - start > self.budget {
+                    break;
+                }
+            }
+            let truncated = ids.len() - start > self.budget;
+            ids.truncate(start + self.budget);
+            ids.extend_from_slice(&self.suffix);
+            Ok((ids, truncated))
+        })
+    }
+}
+
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TextTokenizer")
             .field("max_length", &self.max_length)
+            .field("word_cache", &self.words.is_some())
             .field("vocab", &self.inner.get_vocab_size(true))
             .field("pad_id", &self.pad_id)
             .field("eos_id", &self.eos_id)
@@ -99,6 +275,11 @@ impl TextTokenizer {
             ..TruncationParams::default()
         }))
         .map_err(|e| err(e.to_string()))?;
+        let words = serde_json::from_slice::<serde_json::Value>(json)
+            .ok()
+            .filter(splits_at_whitespace)
+            .and_then(|_| WordPath::new(&tok, max_length))
+            .map(Arc::new);
         let find = |names: &[&str]| names.iter().find_map(|n| tok.token_to_id(n));
         let pad_id = find(&["[PAD]", "<pad>", "<|padding|>", "<|endoftext|>"]).unwrap_or(0);
         let eos_id = find(&["[SEP]", "</s>", "<|endoftext|>", "<eos>"]).unwrap_or(pad_id);
@@ -107,6 +288,7 @@ impl TextTokenizer {
         max_length.hash(&mut h);
         let t = TextTokenizer {
             inner: Arc::new(tok),
+            words,
             max_length,
             hash: h.finish(),
             pad_id,
@@ -124,6 +306,15 @@ impl TextTokenizer {
 
     /// Encodes `text`; the flag says whether it was truncated.
     pub fn encode_counted(&self, text: &str) -> Result<(Vec<u32>, bool), BoxError> {
+        match &self.words {
+            Some(words) => words.encode(text),
+            None => self.encode_whole(text),
+        }
+    }
+
+    /// Encodes `text` in one call to the crate, without the word cache
+    /// (the reference the word path is tested against).
+    pub fn encode_whole(&self, text: &str) -> Result<(Vec<u32>, bool), BoxError> {
         let enc = self.inner.encode_fast(text, true)?;
         let truncated = !enc.get_overflowing().is_empty();
         Ok((enc.get_ids().to_vec(), truncated))
@@ -134,6 +325,12 @@ impl TextTokenizer {
     pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>, BoxError> {
         let encs = self.inner.encode_batch_fast(texts.to_vec(), true)?;
         Ok(encs.into_iter().map(|e| e.get_ids().to_vec()).collect())
+    }
+
+    /// Whether texts are encoded word by word through the per-thread word
+    /// cache (see the module docs), rather than whole.
+    pub fn word_cache(&self) -> bool {
+        self.words.is_some()
     }
 
     /// The truncation length.
@@ -251,6 +448,93 @@ mod tests {
         assert_eq!(stage.stats().snapshot(), (2, 9, 1));
         assert_eq!(tok.pad_id(), 0);
         assert_eq!(tok.vocab_size(), 30522);
+    }
+
+    /// Texts where a word-by-word encoding could go wrong: whitespace the
+    /// normalizer removes or keeps (NEL, VT, FF, NBSP, ideographic space),
+    /// format characters, CJK padding, combining accents, special tokens in
+    /// the text, over-long words, truncation at every length.
+    const TRICKY: &[&str] = &[
+        "",
+        " ",
+        "\t\n\r ",
+        "  leading and trailing  ",
+        "a\u{85}b c\u{b}d e\u{c}f",
+        "non\u{a0}breaking and ideographic\u{3000}space",
+        "zero\u{200b}width join\u{200d}er",
+        "中文字符 mixed中文 text",
+        "Ünïcödé café, e\u{301}te\u{301}",
+        "[MASK]x y[SEP] [CLS][PAD]",
+        "nul\0char and \u{fffd} replacement",
+        "emoji 🦀🦀 and don't U.S.A. 3.14159 $100",
+        "\r\nwindows\r\nlines\r\n",
+        "supercalifragilisticexpialidocioussupercalifragilisticexpialidocioussupercalifragilisticexpialidocious!",
+    ];
+
+    #[test]
+    fn word_path_equals_whole_text_encoding() {
+        let text = std::str::from_utf8(crate::EMBEDDED_CORPUS).unwrap();
+        let mut samples: Vec<String> = TRICKY.iter().map(|s| s.to_string()).collect();
+        samples.extend(text.lines().take(400).map(str::to_string));
+        // Lines spliced with the tricky pieces, from a fixed seed.
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for line in text.lines().take(300) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let piece = TRICKY[(x % TRICKY.len() as u64) as usize];
+            let cut = line
+                .char_indices()
+                .nth((x >> 20) as usize % (line.chars().count() + 1));
+            let at = cut.map_or(line.len(), |c| c.0);
+            samples.push(format!("{}{piece}{}", &line[..at], &line[at..]));
+        }
+        for max_length in [2, 3, 7, 16, 512] {
+            let tok = TextTokenizer::embedded(max_length).unwrap();
+            assert!(tok.word_cache());
+            // Twice: the second pass reads the words from the cache.
+            for _ in 0..2 {
+                for s in &samples {
+                    assert_eq!(
+                        tok.encode_counted(s).unwrap(),
+                        tok.encode_whole(s).unwrap(),
+                        "max_length {max_length}: {s:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tokenizers_that_carry_across_whitespace_are_encoded_whole() {
+        let base: serde_json::Value = serde_json::from_slice(EMBEDDED_TOKENIZER).unwrap();
+        let with = |key: &str, v: serde_json::Value| {
+            let mut j = base.clone();
+            j[key] = v;
+            let bytes = serde_json::to_vec(&j).unwrap();
+            TextTokenizer::from_bytes(&bytes, 64, "test").unwrap()
+        };
+        let meta = serde_json::json!({"type": "Metaspace", "replacement": "▁",
+            "prepend_scheme": "always", "split": true});
+        let punct = serde_json::json!({"type": "Punctuation", "behavior": "Isolated"});
+        let strip = serde_json::json!({"type": "Strip", "strip_left": true, "strip_right": true});
+        let seq = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "WhitespaceSplit"}, {"type": "Digits", "individual_digits": true}]});
+        for (tok, word_cache) in [
+            (with("pre_tokenizer", meta), false),
+            (with("pre_tokenizer", punct), false),
+            (with("normalizer", strip), false),
+            (with("pre_tokenizer", seq), true),
+        ] {
+            assert_eq!(tok.word_cache(), word_cache, "{tok:?}");
+            for s in TRICKY {
+                assert_eq!(tok.encode_counted(s).unwrap(), tok.encode_whole(s).unwrap());
+            }
+        }
+        let mut j = base.clone();
+        j["added_tokens"][4]["lstrip"] = serde_json::Value::Bool(true);
+        let lstrip = TextTokenizer::from_bytes(&serde_json::to_vec(&j).unwrap(), 64, "t").unwrap();
+        assert!(!lstrip.word_cache());
     }
 
     #[test]
