@@ -6,10 +6,12 @@ folder of files, whole files at a time, with
     torchcodec —, functional.resample, transforms.MelSpectrogram with the
     same parameters),
   - a PyTorch DataLoader with 2 workers running the librosa code
-    (BLAS/OpenMP threads limited to 1 per worker).
+    (BLAS/OpenMP threads limited to 1 per worker, persistent workers).
+Each runs EPOCHS passes over the files; the best pass counts (the
+DataLoader's first pass includes starting its workers).
 Prints one JSON object.
 
-  python bench/audio_python.py DIR [--workers 2]
+  python bench/audio_python.py DIR [--workers 2] [--epochs 3]
 """
 import argparse
 import glob
@@ -31,6 +33,7 @@ torch.set_num_threads(1)
 ap = argparse.ArgumentParser()
 ap.add_argument("dir")
 ap.add_argument("--workers", type=int, default=2)
+ap.add_argument("--epochs", type=int, default=3)
 a = ap.parse_args()
 files = sorted(glob.glob(os.path.join(a.dir, "**", "*.*"), recursive=True))
 files = [f for f in files if f.endswith((".wav", ".flac"))]
@@ -64,9 +67,12 @@ def torch_one(path):
 out = {"files": len(files)}
 librosa_one(files[0]); torch_one(files[0])  # warm up (imports, caches)
 for name, fn in [("librosa", librosa_one), ("torchaudio", torch_one)]:
-    t0 = time.perf_counter()
-    secs = sum(fn(f)[0] for f in files)
-    out[name] = secs / (time.perf_counter() - t0)
+    best = 0.0
+    for _ in range(a.epochs):
+        t0 = time.perf_counter()
+        secs = sum(fn(f)[0] for f in files)
+        best = max(best, secs / (time.perf_counter() - t0))
+    out[name] = best
     out["audio_seconds"] = secs
 
 
@@ -79,8 +85,12 @@ class Files(torch.utils.data.Dataset):
         return s, torch.from_numpy(m)
 
 
-t0 = time.perf_counter()
-loader = torch.utils.data.DataLoader(Files(), batch_size=None, num_workers=a.workers)
-secs = sum(s for s, _ in loader)
-out["dataloader"] = secs / (time.perf_counter() - t0)
+loader = torch.utils.data.DataLoader(Files(), batch_size=None, num_workers=a.workers,
+                                     persistent_workers=True)
+best = 0.0
+for _ in range(a.epochs):
+    t0 = time.perf_counter()
+    secs = sum(s for s, _ in loader)
+    best = max(best, secs / (time.perf_counter() - t0))
+out["dataloader"] = best
 print(json.dumps(out))

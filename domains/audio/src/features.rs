@@ -1,4 +1,4 @@
-//! Spectral features (FFTs by `rustfft`): STFT power or magnitude, mel and log-mel, with
+//! Spectral features (real FFTs by `realfft` over `rustfft`): STFT power or magnitude, mel and log-mel, with
 //! librosa's conventions.
 //!
 //! Defaults equal `librosa.feature.melspectrogram(y, sr=16000, n_fft=400,
@@ -24,8 +24,8 @@
 //! ```
 use std::sync::Arc;
 
-use rustfft::num_complex::Complex;
-use rustfft::{Fft, FftPlanner};
+use realfft::num_complex::Complex;
+use realfft::{RealFftPlanner, RealToComplex};
 
 use crate::AudioError;
 
@@ -166,7 +166,7 @@ pub fn mel_filterbank(cfg: &FeatureConfig) -> Vec<Vec<f32>> {
 /// STFT plan, window and filterbank, built once.
 pub struct FeatureExtractor {
     cfg: FeatureConfig,
-    fft: Arc<dyn Fft<f32>>,
+    fft: Arc<dyn RealToComplex<f32>>,
     window: Vec<f32>,
     filters: Vec<Filter>,
 }
@@ -202,7 +202,7 @@ impl FeatureExtractor {
         if !(cfg.fmin >= 0.0 && cfg.fmin < fmax) {
             return bad(format!("need 0 ≤ fmin < fmax, got {} and {fmax}", cfg.fmin));
         }
-        let fft = FftPlanner::<f32>::new().plan_fft_forward(cfg.n_fft);
+        let fft = RealFftPlanner::<f32>::new().plan_fft_forward(cfg.n_fft);
         // Periodic Hann: scipy.signal.get_window('hann', n_fft, fftbins=True).
         let n = cfg.n_fft as f64;
         let window = (0..cfg.n_fft)
@@ -289,8 +289,9 @@ impl FeatureExtractor {
         let frames = self.frames(signal.len());
         let half = (n_fft / 2) as isize;
         let mut out = vec![0f32; frames * bins];
-        let mut input = vec![Complex::new(0f32, 0f32); n_fft];
-        let mut scratch = vec![Complex::new(0f32, 0f32); self.fft.get_inplace_scratch_len()];
+        let mut input = vec![0f32; n_fft];
+        let mut spectrum = vec![Complex::new(0f32, 0f32); bins];
+        let mut scratch = vec![Complex::new(0f32, 0f32); self.fft.get_scratch_len()];
         const BLOCK: usize = 16;
         let mut block = vec![0f32; BLOCK * bins];
         let len = signal.len() as isize;
@@ -303,35 +304,34 @@ impl FeatureExtractor {
                     .zip(&signal[s..s + n_fft])
                     .zip(&self.window)
                 {
-                    *o = Complex::new(x * w, 0.0);
+                    *o = x * w;
                 }
             } else {
                 for (i, (o, &w)) in input.iter_mut().zip(&self.window).enumerate() {
                     let j = start + i as isize;
-                    *o = Complex::new(
-                        if (0..len).contains(&j) {
-                            signal[j as usize] * w
-                        } else {
-                            0.0
-                        },
-                        0.0,
-                    );
+                    *o = if (0..len).contains(&j) {
+                        signal[j as usize] * w
+                    } else {
+                        0.0
+                    };
                 }
             }
             // Lengths match the plan, so this cannot fail.
-            self.fft.process_with_scratch(&mut input, &mut scratch);
-            let spectrum = &input[..bins];
+            let planned = self
+                .fft
+                .process_with_scratch(&mut input, &mut spectrum, &mut scratch);
+            debug_assert!(planned.is_ok());
             // Frame-major into a block of BLOCK frames, written out bin-major
             // a block at a time (one-element strided stores alias badly).
             let j = t % BLOCK;
             let row = &mut block[j * bins..(j + 1) * bins];
             if self.cfg.power == 2.0 {
-                for (o, c) in row.iter_mut().zip(spectrum) {
+                for (o, c) in row.iter_mut().zip(&spectrum) {
                     *o = c.re * c.re + c.im * c.im;
                 }
             } else {
                 let half = self.cfg.power / 2.0;
-                for (o, c) in row.iter_mut().zip(spectrum) {
+                for (o, c) in row.iter_mut().zip(&spectrum) {
                     *o = (c.re * c.re + c.im * c.im).powf(half);
                 }
             }
