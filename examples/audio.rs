@@ -36,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .batch_size(16)
         .seed(7)
         .on_error(ErrorPolicy::Skip)
-        .collate(FeatureCollate)
+        .collate(FeatureCollate::new())
         .build()?;
 
     let start = Instant::now();

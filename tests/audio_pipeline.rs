@@ -143,7 +143,7 @@ fn the_pipeline_batches_chunks_of_every_file() {
         )
         .interleave(3)
         .batch_size(4)
-        .collate(FeatureCollate)
+        .collate(FeatureCollate::new())
         .build()
         .unwrap();
     let mut chunks = Vec::new();
@@ -223,7 +223,7 @@ fn hostile_files_are_named_errors_under_the_policy() {
             .shuffle(false)
             .batch_size(4)
             .on_error(policy)
-            .collate(FeatureCollate)
+            .collate(FeatureCollate::new())
             .build()
             .unwrap()
     };
@@ -316,7 +316,7 @@ fn channels_can_be_kept_one_plane_each() {
             FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
         )
         .batch_size(4)
-        .collate(FeatureCollate)
+        .collate(FeatureCollate::new())
         .build()
         .unwrap();
     let b = p.epoch(0).next().unwrap().unwrap();

@@ -287,7 +287,7 @@ fn audio_files() {
             .batch_size(64)
             .seed(5)
             .on_error(policy)
-            .collate(FeatureCollate)
+            .collate(FeatureCollate::new())
             .build()
             .unwrap()
     };

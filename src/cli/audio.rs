@@ -232,7 +232,7 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
             Parallelism::Fixed(n) => n,
             Parallelism::Auto => (paths.len() / (8 * c.workers.resolve(cpus)).max(1)).clamp(1, 16),
         })
-        .collate(FeatureCollate);
+        .collate(FeatureCollate::new());
     let mut b = c.configure(b, &resources, cpus)?;
     let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());
     if c.shuffle {
@@ -270,7 +270,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
             stage(&a.audio)?,
         )
         .shuffle(false)
-        .collate(FeatureCollate)
+        .collate(FeatureCollate::new())
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let report = pipeline.inspect(a.index, 0)?;

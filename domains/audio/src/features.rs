@@ -246,33 +246,44 @@ impl FeatureExtractor {
                 frames: signal.len(),
             };
         }
-        // `[bins, frames]`: each mel band is then a sum of whole rows, a
-        // loop over contiguous frames that the compiler vectorises.
-        let spec = self.power(signal);
         let bins = self.cfg.n_fft / 2 + 1;
         let frames = self.frames(signal.len());
+        let mut stft = Stft::new(self);
+        // Frames are taken BLOCK at a time into a bin-major block; a mel band
+        // is then a weighted sum of whole block rows (contiguous frames, a
+        // loop the compiler vectorises), and the block stays in L1.
+        const BLOCK: usize = 16;
+        let mut block = vec![0f32; bins * BLOCK];
         if kind == FeatureKind::Spectrogram {
-            return Features {
-                data: spec,
-                bins,
-                frames,
-            };
+            let mut data = vec![0f32; bins * frames];
+            for t0 in (0..frames).step_by(BLOCK) {
+                let n = BLOCK.min(frames - t0);
+                stft.block::<BLOCK>(signal, t0, n, &mut block);
+                for k in 0..bins {
+                    data[k * frames + t0..k * frames + t0 + n]
+                        .copy_from_slice(&block[k * BLOCK..k * BLOCK + n]);
+                }
+            }
+            return Features { data, bins, frames };
         }
         let n_mels = self.filters.len();
         let mut out = vec![0f32; n_mels * frames];
-        for (m, f) in self.filters.iter().enumerate() {
-            let dst = &mut out[m * frames..(m + 1) * frames];
-            for (j, &w) in f.weights.iter().enumerate() {
-                let k = f.start + j;
-                let src = &spec[k * frames..(k + 1) * frames];
-                for (d, &p) in dst.iter_mut().zip(src) {
-                    *d += w * p;
+        for t0 in (0..frames).step_by(BLOCK) {
+            let n = BLOCK.min(frames - t0);
+            stft.block::<BLOCK>(signal, t0, n, &mut block);
+            for (m, f) in self.filters.iter().enumerate() {
+                let dst = &mut out[m * frames + t0..m * frames + t0 + n];
+                for (j, &w) in f.weights.iter().enumerate() {
+                    let k = f.start + j;
+                    for (d, &p) in dst.iter_mut().zip(&block[k * BLOCK..k * BLOCK + n]) {
+                        *d += w * p;
+                    }
                 }
-            }
-        }
-        if kind == FeatureKind::LogMel {
-            for v in &mut out {
-                *v = db(*v);
+                if kind == FeatureKind::LogMel {
+                    for v in dst {
+                        *v = db(*v);
+                    }
+                }
             }
         }
         Features {
@@ -281,71 +292,87 @@ impl FeatureExtractor {
             frames,
         }
     }
+}
 
-    /// `|STFT|^power`, `[bins, frames]` (bin-major).
-    fn power(&self, signal: &[f32]) -> Vec<f32> {
-        let (n_fft, hop) = (self.cfg.n_fft, self.cfg.hop);
-        let bins = n_fft / 2 + 1;
-        let frames = self.frames(signal.len());
-        let half = (n_fft / 2) as isize;
-        let mut out = vec![0f32; frames * bins];
-        let mut input = vec![0f32; n_fft];
-        let mut spectrum = vec![Complex::new(0f32, 0f32); bins];
-        let mut scratch = vec![Complex::new(0f32, 0f32); self.fft.get_scratch_len()];
-        const BLOCK: usize = 16;
-        let mut block = vec![0f32; BLOCK * bins];
-        let len = signal.len() as isize;
-        for t in 0..frames {
-            let start = t as isize * hop as isize - half;
-            if start >= 0 && start + n_fft as isize <= len {
-                let s = start as usize;
-                for ((o, &x), &w) in input
-                    .iter_mut()
-                    .zip(&signal[s..s + n_fft])
-                    .zip(&self.window)
-                {
-                    *o = x * w;
-                }
-            } else {
-                for (i, (o, &w)) in input.iter_mut().zip(&self.window).enumerate() {
-                    let j = start + i as isize;
-                    *o = if (0..len).contains(&j) {
-                        signal[j as usize] * w
-                    } else {
-                        0.0
-                    };
-                }
-            }
+/// One worker's STFT buffers: the windowed frame, its spectrum and the
+/// plan's scratch. Each frame is transformed on its own (a frame's values
+/// never depend on its neighbours, so overlapping chunks agree with the
+/// whole file).
+struct Stft<'a> {
+    fx: &'a FeatureExtractor,
+    input: Vec<f32>,
+    spectrum: Vec<Complex<f32>>,
+    scratch: Vec<Complex<f32>>,
+}
+
+impl<'a> Stft<'a> {
+    fn new(fx: &'a FeatureExtractor) -> Self {
+        let n_fft = fx.cfg.n_fft;
+        Stft {
+            fx,
+            input: vec![0f32; n_fft],
+            spectrum: vec![Complex::new(0f32, 0f32); n_fft / 2 + 1],
+            scratch: vec![Complex::new(0f32, 0f32); fx.fft.get_scratch_len()],
+        }
+    }
+
+    /// `|STFT|^power` of frames `t0..t0 + n` into `block`, bin-major with a
+    /// row stride of `BLOCK` (`block[k * BLOCK + j]` is bin `k` of frame
+    /// `t0 + j`).
+    fn block<const BLOCK: usize>(
+        &mut self,
+        signal: &[f32],
+        t0: usize,
+        n: usize,
+        block: &mut [f32],
+    ) {
+        let cfg = &self.fx.cfg;
+        let (power, half) = (cfg.power, cfg.power / 2.0);
+        for j in 0..n {
+            self.window(signal, t0 + j);
             // Lengths match the plan, so this cannot fail.
-            let planned = self
-                .fft
-                .process_with_scratch(&mut input, &mut spectrum, &mut scratch);
+            let planned = self.fx.fft.process_with_scratch(
+                &mut self.input,
+                &mut self.spectrum,
+                &mut self.scratch,
+            );
             debug_assert!(planned.is_ok());
-            // Frame-major into a block of BLOCK frames, written out bin-major
-            // a block at a time (one-element strided stores alias badly).
-            let j = t % BLOCK;
-            let row = &mut block[j * bins..(j + 1) * bins];
-            if self.cfg.power == 2.0 {
-                for (o, c) in row.iter_mut().zip(&spectrum) {
-                    *o = c.re * c.re + c.im * c.im;
+            let rows = self.spectrum.iter().zip(block.chunks_exact_mut(BLOCK));
+            if power == 2.0 {
+                for (c, row) in rows {
+                    row[j] = c.re * c.re + c.im * c.im;
                 }
             } else {
-                let half = self.cfg.power / 2.0;
-                for (o, c) in row.iter_mut().zip(&spectrum) {
-                    *o = (c.re * c.re + c.im * c.im).powf(half);
-                }
-            }
-            if j == BLOCK - 1 || t == frames - 1 {
-                let t0 = t - j;
-                for k in 0..bins {
-                    let dst = &mut out[k * frames + t0..k * frames + t + 1];
-                    for (jj, d) in dst.iter_mut().enumerate() {
-                        *d = block[jj * bins + k];
-                    }
+                for (c, row) in rows {
+                    row[j] = (c.re * c.re + c.im * c.im).powf(half);
                 }
             }
         }
-        out
+    }
+
+    /// Windowed frame `t` (centred on `t × hop`, zeros beyond the signal)
+    /// into `self.input`.
+    fn window(&mut self, signal: &[f32], t: usize) {
+        let cfg = &self.fx.cfg;
+        let (n_fft, hop) = (cfg.n_fft, cfg.hop);
+        let len = signal.len() as isize;
+        let start = t as isize * hop as isize - (n_fft / 2) as isize;
+        let window = &self.fx.window;
+        if start >= 0 && start + n_fft as isize <= len {
+            let s = start as usize;
+            for ((o, &x), &w) in self.input.iter_mut().zip(&signal[s..s + n_fft]).zip(window) {
+                *o = x * w;
+            }
+        } else {
+            for (i, (o, &w)) in self.input.iter_mut().zip(window).enumerate() {
+                let j = start + i as isize;
+                *o = if (0..len).contains(&j) {
+                    signal[j as usize] * w
+                } else {
+                    0.0
+                };
+            }
+        }
     }
 }
 

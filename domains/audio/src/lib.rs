@@ -12,7 +12,7 @@
 //! let pipeline = Pipeline::builder_iterable(files)
 //!     .stage("logmel", FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap())
 //!     .batch_size(32)
-//!     .collate(FeatureCollate)
+//!     .collate(FeatureCollate::new())
 //!     .build()
 //!     .unwrap();
 //! for batch in pipeline.epoch(0) {

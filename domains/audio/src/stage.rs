@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use ferrofeed_core::table::BatchRows;
 use ferrofeed_core::{
-    Batch, BoxError, Collate, CollateError, Component, ComponentId, DType, Stage, StageCtx, Tensor,
+    Batch, BoxError, BufferPool, BufferSource, Collate, CollateError, Component, ComponentId,
+    DType, Stage, StageCtx, Tensor,
 };
 
 use crate::features::{FeatureConfig, FeatureExtractor, FeatureKind, Features};
@@ -116,9 +117,40 @@ impl Stage for FeatureStage {
     }
 }
 
-/// Stacks [`ChunkFeatures`] into `features`, `lengths`, `chunk_starts`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FeatureCollate;
+/// Stacks [`ChunkFeatures`] into `features`, `lengths`, `chunk_starts`;
+/// `features` goes into buffers recycled from a pool once the batches
+/// holding them are dropped (every element is written, none zeroed first).
+#[derive(Clone)]
+pub struct FeatureCollate {
+    pool: Arc<dyn BufferSource>,
+}
+
+impl Default for FeatureCollate {
+    fn default() -> Self {
+        FeatureCollate {
+            pool: Arc::new(BufferPool::new(8)),
+        }
+    }
+}
+
+impl std::fmt::Debug for FeatureCollate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeatureCollate").finish_non_exhaustive()
+    }
+}
+
+impl FeatureCollate {
+    /// A collate with its own recycling pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Takes the `features` memory from `source` (e.g. a pool of
+    /// page-locked buffers) instead.
+    pub fn buffers(mut self, source: Arc<dyn BufferSource>) -> Self {
+        self.pool = source;
+        self
+    }
+}
 
 impl Collate for FeatureCollate {
     fn reads(&self) -> Vec<ComponentId> {
@@ -141,7 +173,7 @@ impl Collate for FeatureCollate {
             vec![fs.len(), channels, bins, frames]
         };
         let per = channels * bins * frames;
-        let mut t = Tensor::zeros(DType::F32, &shape);
+        let mut t = Tensor::uninit_from(self.pool.as_ref(), DType::F32, &shape);
         {
             let out = t.as_slice_mut::<f32>().map_err(|e| CollateError {
                 sample: None,

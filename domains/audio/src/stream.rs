@@ -109,7 +109,6 @@ pub struct Chunker {
     spec: ChunkSpec,
     rate: u32,
     buf: Vec<f32>,
-    buf_start: u64,
     next_start: u64,
     covered: u64,
     total: u64,
@@ -121,8 +120,7 @@ impl Chunker {
         Chunker {
             spec,
             rate,
-            buf: Vec::with_capacity(spec.chunk * 2),
-            buf_start: 0,
+            buf: Vec::with_capacity(spec.chunk),
             next_start: 0,
             covered: 0,
             total: 0,
@@ -130,24 +128,33 @@ impl Chunker {
     }
 
     /// Adds samples; complete chunks are appended to `out`.
-    pub fn push(&mut self, samples: &[f32], out: &mut impl Extend<AudioChunk>) {
+    ///
+    /// The buffer always holds the samples from the next chunk's start: a
+    /// full buffer is handed out as the chunk itself (no copy), and the next
+    /// one starts with its overlap.
+    pub fn push(&mut self, mut samples: &[f32], out: &mut impl Extend<AudioChunk>) {
         self.total += samples.len() as u64;
-        self.buf.extend_from_slice(samples);
-        let c = self.spec.chunk as u64;
-        while self.buf_start + self.buf.len() as u64 >= self.next_start + c {
-            let a = (self.next_start - self.buf_start) as usize;
-            out.extend(std::iter::once(AudioChunk {
-                samples: self.buf[a..a + self.spec.chunk].to_vec(),
-                channels: 1,
-                valid: self.spec.chunk,
-                start: self.next_start,
-                sample_rate: self.rate,
-            }));
-            self.covered = self.next_start + c;
-            self.next_start += self.spec.step() as u64;
-            let drop = (self.next_start - self.buf_start) as usize;
-            self.buf.drain(..drop.min(self.buf.len()));
-            self.buf_start += drop as u64;
+        let c = self.spec.chunk;
+        // A hand-made spec may break `from_seconds`' rules; keep them.
+        let step = self.spec.step().clamp(1, c.max(1));
+        while !samples.is_empty() {
+            let take = c.saturating_sub(self.buf.len()).min(samples.len());
+            self.buf.extend_from_slice(&samples[..take]);
+            samples = &samples[take..];
+            if self.buf.len() >= c {
+                let mut next = Vec::with_capacity(c);
+                next.extend_from_slice(&self.buf[step.min(self.buf.len())..]);
+                let full = std::mem::replace(&mut self.buf, next);
+                out.extend(std::iter::once(AudioChunk {
+                    samples: full,
+                    channels: 1,
+                    valid: c,
+                    start: self.next_start,
+                    sample_rate: self.rate,
+                }));
+                self.covered = self.next_start + c as u64;
+                self.next_start += step as u64;
+            }
         }
     }
 
@@ -158,8 +165,7 @@ impl Chunker {
             return Err(AudioError::Config("the file holds no audio samples".into()));
         }
         if self.total > self.covered || self.covered == 0 {
-            let a = (self.next_start - self.buf_start) as usize;
-            let mut samples = self.buf[a.min(self.buf.len())..].to_vec();
+            let mut samples = std::mem::take(&mut self.buf);
             let valid = samples.len();
             samples.resize(self.spec.chunk, 0.0);
             out.extend(std::iter::once(AudioChunk {
