@@ -11,7 +11,7 @@ Each runs EPOCHS passes over the files; the best pass counts (the
 DataLoader's first pass includes starting its workers).
 Prints one JSON object.
 
-  python bench/audio_python.py DIR [--workers 2] [--epochs 3]
+  python bench/audio_python.py DIR [--workers 2] [--epochs 5]
 """
 import argparse
 import glob
@@ -33,7 +33,7 @@ torch.set_num_threads(1)
 ap = argparse.ArgumentParser()
 ap.add_argument("dir")
 ap.add_argument("--workers", type=int, default=2)
-ap.add_argument("--epochs", type=int, default=3)
+ap.add_argument("--epochs", type=int, default=5)
 a = ap.parse_args()
 files = sorted(glob.glob(os.path.join(a.dir, "**", "*.*"), recursive=True))
 files = [f for f in files if f.endswith((".wav", ".flac"))]

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
-EPOCHS=${2:-3}
+EPOCHS=${2:-5}
 CPUS=$(nproc)
 OUT=bench/out
 VENV=${VENV:-bench/.venv}   # an existing venv with torch can be named here

@@ -18,6 +18,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use symphonia::core::audio::GenericAudioBufferRef;
 use symphonia::core::codecs::audio::well_known::{CODEC_ID_PCM_F32LE, CODEC_ID_PCM_S16LE};
 use symphonia::core::codecs::audio::{AudioCodecParameters, AudioDecoder, AudioDecoderOptions};
 use symphonia::core::errors::Error as SymError;
@@ -247,10 +248,11 @@ impl Decoded {
             if packet.track_id != self.track {
                 continue;
             }
-            let ch = match self.pcm {
+            // Only float samples can be NaN or infinite.
+            let (ch, float) = match self.pcm {
                 Some(pcm) => {
                     pcm.convert(&packet.data, self.channels, &mut self.interleaved);
-                    self.channels
+                    (self.channels, pcm == Pcm::F32)
                 }
                 None => {
                     let buf = match self.decoder.decode(&packet) {
@@ -266,7 +268,11 @@ impl Decoded {
                         }
                     };
                     buf.copy_to_vec_interleaved(&mut self.interleaved);
-                    buf.spec().channels().count().max(1)
+                    let float = matches!(
+                        buf,
+                        GenericAudioBufferRef::F32(_) | GenericAudioBufferRef::F64(_)
+                    );
+                    (buf.spec().channels().count().max(1), float)
                 }
             };
             let mut planes: Vec<Vec<f32>> = Vec::new();
@@ -296,7 +302,7 @@ impl Decoded {
                     planes.push(mono);
                 }
             }
-            for plane in &mut planes {
+            for plane in planes.iter_mut().filter(|_| float) {
                 if let Some(i) = plane.iter().position(|x| !x.is_finite()) {
                     match self.opts.non_finite {
                         NonFinite::Error => {
