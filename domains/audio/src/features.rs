@@ -1,4 +1,4 @@
-//! Spectral features (real FFTs by `realfft` over `rustfft`): STFT power or magnitude, mel and log-mel, with
+//! Spectral features (FFTs by `rustfft`): STFT power or magnitude, mel and log-mel, with
 //! librosa's conventions.
 //!
 //! Defaults equal `librosa.feature.melspectrogram(y, sr=16000, n_fft=400,
@@ -24,8 +24,8 @@
 //! ```
 use std::sync::Arc;
 
-use realfft::num_complex::Complex;
-use realfft::{RealFftPlanner, RealToComplex};
+use rustfft::num_complex::Complex;
+use rustfft::{Fft, FftPlanner};
 
 use crate::AudioError;
 
@@ -166,7 +166,11 @@ pub fn mel_filterbank(cfg: &FeatureConfig) -> Vec<Vec<f32>> {
 /// STFT plan, window and filterbank, built once.
 pub struct FeatureExtractor {
     cfg: FeatureConfig,
-    fft: Arc<dyn RealToComplex<f32>>,
+    /// A complex FFT of `n_fft / 2` points (see [`Stft`]).
+    fft: Arc<dyn Fft<f32>>,
+    /// `e^{−2πik/n_fft}` for `k = 1..n_fft/4` (rounded up), real and
+    /// imaginary parts.
+    twiddles: (Vec<f32>, Vec<f32>),
     window: Vec<f32>,
     filters: Vec<Filter>,
 }
@@ -202,7 +206,11 @@ impl FeatureExtractor {
         if !(cfg.fmin >= 0.0 && cfg.fmin < fmax) {
             return bad(format!("need 0 ≤ fmin < fmax, got {} and {fmax}", cfg.fmin));
         }
-        let fft = RealFftPlanner::<f32>::new().plan_fft_forward(cfg.n_fft);
+        let fft = FftPlanner::<f32>::new().plan_fft_forward(cfg.n_fft / 2);
+        let angle = |k: usize| -2.0 * std::f64::consts::PI * k as f64 / cfg.n_fft as f64;
+        let twiddles = (1..(cfg.n_fft / 2).div_ceil(2))
+            .map(|k| (angle(k).cos() as f32, angle(k).sin() as f32))
+            .unzip();
         // Periodic Hann: scipy.signal.get_window('hann', n_fft, fftbins=True).
         let n = cfg.n_fft as f64;
         let window = (0..cfg.n_fft)
@@ -222,6 +230,7 @@ impl FeatureExtractor {
         Ok(FeatureExtractor {
             cfg,
             fft,
+            twiddles,
             window,
             filters,
         })
@@ -294,25 +303,36 @@ impl FeatureExtractor {
     }
 }
 
-/// One worker's STFT buffers: the windowed frame, its spectrum and the
-/// plan's scratch. Each frame is transformed on its own (a frame's values
-/// never depend on its neighbours, so overlapping chunks agree with the
-/// whole file).
+/// One worker's STFT buffers. A real frame `x` of even length `N` goes
+/// through one complex FFT of `M = N/2` points as `z[n] = x[2n] + i·x[2n+1]`
+/// (the frame's own memory, read as complex numbers). With `Z` its spectrum,
+/// the even and odd samples' spectra are `E[k] = (Z[k] + conj Z[M−k]) / 2`
+/// and `O[k] = (Z[k] − conj Z[M−k]) / 2i`; with `T = e^{−2πik/N}·O[k]`,
+/// `X[k] = E[k] + T` and `X[M−k] = conj(E[k] − T)`. Only the power is kept,
+/// computed on split real/imaginary arrays so that the loop vectorises.
+/// Each frame is transformed on its own: its values never depend on its
+/// neighbours, so overlapping chunks agree with the whole file.
 struct Stft<'a> {
     fx: &'a FeatureExtractor,
-    input: Vec<f32>,
-    spectrum: Vec<Complex<f32>>,
+    input: Vec<Complex<f32>>,
+    z: Vec<Complex<f32>>,
     scratch: Vec<Complex<f32>>,
+    /// `re`, `im` of `Z`; `lo`, `hi`: `|X[k]|²`, `|X[M−k]|²` for the pairs.
+    split: [Vec<f32>; 4],
+    row: Vec<f32>,
 }
 
 impl<'a> Stft<'a> {
     fn new(fx: &'a FeatureExtractor) -> Self {
-        let n_fft = fx.cfg.n_fft;
+        let m = fx.cfg.n_fft / 2;
+        let zero = Complex::new(0f32, 0f32);
         Stft {
             fx,
-            input: vec![0f32; n_fft],
-            spectrum: vec![Complex::new(0f32, 0f32); n_fft / 2 + 1],
-            scratch: vec![Complex::new(0f32, 0f32); fx.fft.get_scratch_len()],
+            input: vec![zero; m],
+            z: vec![zero; m],
+            scratch: vec![zero; fx.fft.get_outofplace_scratch_len()],
+            split: std::array::from_fn(|_| vec![0f32; m]),
+            row: vec![0f32; m + 1],
         }
     }
 
@@ -330,47 +350,92 @@ impl<'a> Stft<'a> {
         let (power, half) = (cfg.power, cfg.power / 2.0);
         for j in 0..n {
             self.window(signal, t0 + j);
-            // Lengths match the plan, so this cannot fail.
-            let planned = self.fx.fft.process_with_scratch(
+            self.fx.fft.process_outofplace_with_scratch(
                 &mut self.input,
-                &mut self.spectrum,
+                &mut self.z,
                 &mut self.scratch,
             );
-            debug_assert!(planned.is_ok());
-            let rows = self.spectrum.iter().zip(block.chunks_exact_mut(BLOCK));
+            self.power_row();
+            let rows = self.row.iter().zip(block.chunks_exact_mut(BLOCK));
             if power == 2.0 {
-                for (c, row) in rows {
-                    row[j] = c.re * c.re + c.im * c.im;
+                for (&p, row) in rows {
+                    row[j] = p;
                 }
             } else {
-                for (c, row) in rows {
-                    row[j] = (c.re * c.re + c.im * c.im).powf(half);
+                for (&p, row) in rows {
+                    row[j] = p.powf(half);
                 }
             }
         }
     }
 
+    /// `|X[k]|²` for `k = 0..=M` from `Z` in `self.z`, into `self.row`.
+    fn power_row(&mut self) {
+        let (z, row) = (&self.z, &mut self.row);
+        let m = z.len();
+        let [re, im, lo, hi] = &mut self.split;
+        for ((c, r), i) in z.iter().zip(re.iter_mut()).zip(im.iter_mut()) {
+            *r = c.re;
+            *i = c.im;
+        }
+        // k = 0 and k = M: E and O are real, T = O.
+        row[0] = (re[0] + im[0]) * (re[0] + im[0]);
+        row[m] = (re[0] - im[0]) * (re[0] - im[0]);
+        // The pairs k < M − k, k = 1..h.
+        let h = m.div_ceil(2);
+        let (tw_re, tw_im) = &self.fx.twiddles;
+        let pairs = h - 1;
+        let (ar, ai) = (&re[1..h], &im[1..h]);
+        let (br, bi) = (&re[m + 1 - h..m], &im[m + 1 - h..m]);
+        let (lo, hi) = (&mut lo[..pairs], &mut hi[..pairs]);
+        let (tw_re, tw_im) = (&tw_re[..pairs], &tw_im[..pairs]);
+        for i in 0..pairs {
+            // b = Z[M − k] with k = i + 1: read backwards.
+            let (a_re, a_im) = (ar[i], ai[i]);
+            let (b_re, b_im) = (br[pairs - 1 - i], bi[pairs - 1 - i]);
+            let (er, ei) = (0.5 * (a_re + b_re), 0.5 * (a_im - b_im));
+            let (or, oi) = (0.5 * (a_im + b_im), 0.5 * (b_re - a_re));
+            let (wr, wi) = (tw_re[i], tw_im[i]);
+            let (tr, ti) = (wr * or - wi * oi, wr * oi + wi * or);
+            lo[i] = (er + tr) * (er + tr) + (ei + ti) * (ei + ti);
+            hi[i] = (er - tr) * (er - tr) + (ei - ti) * (ei - ti);
+        }
+        row[1..h].copy_from_slice(lo);
+        for (o, &p) in row[m + 1 - h..m].iter_mut().rev().zip(hi.iter()) {
+            *o = p;
+        }
+        // k = M/2 is its own mirror: |X|² = |Z[M/2]|².
+        if m % 2 == 0 && m > 0 {
+            row[m / 2] = re[m / 2] * re[m / 2] + im[m / 2] * im[m / 2];
+        }
+    }
+
     /// Windowed frame `t` (centred on `t × hop`, zeros beyond the signal)
-    /// into `self.input`.
+    /// into `self.input`, samples `2n` and `2n + 1` as the real and
+    /// imaginary parts of element `n`.
     fn window(&mut self, signal: &[f32], t: usize) {
         let cfg = &self.fx.cfg;
         let (n_fft, hop) = (cfg.n_fft, cfg.hop);
         let len = signal.len() as isize;
         let start = t as isize * hop as isize - (n_fft / 2) as isize;
         let window = &self.fx.window;
+        let pairs = self.input.iter_mut().zip(window.chunks_exact(2));
         if start >= 0 && start + n_fft as isize <= len {
             let s = start as usize;
-            for ((o, &x), &w) in self.input.iter_mut().zip(&signal[s..s + n_fft]).zip(window) {
-                *o = x * w;
+            for ((o, w), x) in pairs.zip(signal[s..s + n_fft].chunks_exact(2)) {
+                *o = Complex::new(x[0] * w[0], x[1] * w[1]);
             }
         } else {
-            for (i, (o, &w)) in self.input.iter_mut().zip(window).enumerate() {
-                let j = start + i as isize;
-                *o = if (0..len).contains(&j) {
-                    signal[j as usize] * w
+            let at = |j: isize| {
+                if (0..len).contains(&j) {
+                    signal[j as usize]
                 } else {
                     0.0
-                };
+                }
+            };
+            for (n, (o, w)) in pairs.enumerate() {
+                let j = start + 2 * n as isize;
+                *o = Complex::new(at(j) * w[0], at(j + 1) * w[1]);
             }
         }
     }
@@ -420,6 +485,66 @@ mod tests {
         for r in &fb[10..70] {
             let area: f64 = r.iter().map(|&w| f64::from(w) * df).sum();
             assert!((area - 1.0).abs() < 0.1, "area {area}");
+        }
+    }
+
+    #[test]
+    fn every_bin_equals_a_direct_dft() {
+        // Even and odd half-lengths (M = n_fft/2), edge frames, both powers.
+        let x: Vec<f32> = (0..3000)
+            .map(|i| ((i * 7919) % 211) as f32 / 105.0 - 1.0 + (i as f32 * 0.05).sin())
+            .collect();
+        for (n_fft, hop, power) in [
+            (2, 1, 2.0),
+            (4, 3, 2.0),
+            (6, 2, 2.0),
+            (400, 160, 2.0),
+            (402, 100, 1.0),
+            (512, 128, 2.0),
+        ] {
+            let cfg = FeatureConfig {
+                n_fft,
+                hop,
+                power,
+                ..FeatureConfig::default()
+            };
+            let fx = FeatureExtractor::new(cfg).unwrap();
+            let s = fx.compute(&x, FeatureKind::Spectrogram);
+            let bins = n_fft / 2 + 1;
+            assert_eq!((s.bins, s.frames), (bins, fx.frames(x.len())));
+            for t in [0, 1, s.frames / 2, s.frames - 2, s.frames - 1] {
+                let start = (t * hop) as isize - (n_fft / 2) as isize;
+                let frame: Vec<f64> = (0..n_fft)
+                    .map(|i| {
+                        let j = start + i as isize;
+                        let w = 0.5
+                            - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / n_fft as f64).cos();
+                        usize::try_from(j)
+                            .ok()
+                            .and_then(|j| x.get(j))
+                            .map_or(0.0, |&v| f64::from(v) * w)
+                    })
+                    .collect();
+                let want: Vec<f64> = (0..bins)
+                    .map(|k| {
+                        let (mut re, mut im) = (0.0, 0.0);
+                        for (i, v) in frame.iter().enumerate() {
+                            let a = -2.0 * std::f64::consts::PI * (k * i) as f64 / n_fft as f64;
+                            re += v * a.cos();
+                            im += v * a.sin();
+                        }
+                        (re * re + im * im).powf(f64::from(power) / 2.0)
+                    })
+                    .collect();
+                let peak = want.iter().cloned().fold(1e-12, f64::max);
+                for (k, w) in want.iter().enumerate() {
+                    let got = f64::from(s.data[k * s.frames + t]);
+                    assert!(
+                        (got - w).abs() <= 1e-5 * peak,
+                        "n_fft {n_fft}, frame {t}, bin {k}: {got} vs {w}"
+                    );
+                }
+            }
         }
     }
 
