@@ -25,5 +25,12 @@ fn main() {
     // memory is bounded by its byte budget, not by the allocator.
     // SAFETY: sets a plain option before any worker thread starts.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    // No transparent huge pages for this process: the first touch of a huge
+    // page zeroes all 2 MiB of it, so a run's first epoch spent its sys time
+    // clearing pages it barely used (measured: sys time halved, first-epoch
+    // images/s up ~15%, steady epochs unchanged). Best effort: an old kernel
+    // without the flag keeps its default.
+    // SAFETY: a plain prctl on this process, before any worker thread starts.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     std::process::exit(cli::main());
 }
