@@ -24,6 +24,9 @@ fn bucketed_run_dumps_batches_within_the_budget() {
     assert_eq!(r["domain"], "text");
     assert_eq!(r["token_cache"], "built");
     assert!(r["padding_waste"].as_f64().unwrap() <= 0.05, "{r}");
+    // The embedded corpus repeats most of its words (65.5 k words, 8.8 k distinct).
+    let hits = r["word_cache_hit_rate"].as_f64().unwrap();
+    assert!((0.6..1.0).contains(&hits), "{r}");
     let samples = r["samples"].as_u64().unwrap();
     let index: Vec<serde_json::Value> =
         serde_json::from_slice(&std::fs::read(dump.join("index.json")).unwrap()).unwrap();
@@ -53,6 +56,7 @@ fn bucketed_run_dumps_batches_within_the_budget() {
     ok_in(&cache, &again);
     assert_eq!(r["token_cache"], "built");
     assert_eq!(report(&rep)["token_cache"], "loaded");
+    assert!(report(&rep)["word_cache_hit_rate"].is_null());
     for (a, b) in files(&dump, "input_ids_")
         .iter()
         .zip(files(&dump2, "input_ids_"))

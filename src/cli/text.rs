@@ -162,7 +162,10 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
             match cache.truncated() {
                 0 => String::new(),
                 n => format!(", {n} truncated to {} tokens", o.max_length),
-            }
+            } + &cache.word_hit_rate().map_or(String::new(), |r| format!(
+                ", {:.1}% of words from the word cache",
+                r * 100.0
+            ))
         );
     }
     let cache_state = if cache.was_loaded() {
@@ -171,6 +174,7 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
         "built"
     };
     let truncated = cache.truncated();
+    let word_hit_rate = cache.word_hit_rate();
     let lengths = cache.lengths();
     let mut b = c.configure(Pipeline::builder(cache), &resources, cpus)?;
     let mut expected_waste = None;
@@ -235,6 +239,7 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
         );
         m.insert("token_cache".to_string(), json!(cache_state));
         m.insert("truncated".to_string(), json!(truncated));
+        m.insert("word_cache_hit_rate".to_string(), json!(word_hit_rate));
         m.insert(
             "empty_lines_skipped".to_string(),
             json!(corpus.empty_lines_skipped()),

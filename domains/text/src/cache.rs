@@ -84,6 +84,7 @@ pub struct TokenCache {
     failed: HashMap<u64, String>,
     loaded: bool,
     truncated: u64,
+    word_hit_rate: Option<f64>,
 }
 
 impl TokenCache {
@@ -114,6 +115,7 @@ impl TokenCache {
                     Some(mut c) => {
                         c.loaded = false;
                         c.truncated = built.truncated;
+                        c.word_hit_rate = built.word_hit_rate;
                         Ok(c)
                     }
                     None => Err(TextError::Io {
@@ -129,6 +131,7 @@ impl TokenCache {
                 failed: built.failed,
                 loaded: false,
                 truncated: built.truncated,
+                word_hit_rate: built.word_hit_rate,
             }),
         }
     }
@@ -141,6 +144,12 @@ impl TokenCache {
     /// Samples cut to `max_length` while building (0 when loaded).
     pub fn truncated(&self) -> u64 {
         self.truncated
+    }
+
+    /// The share of words the tokenize workers found in their word caches
+    /// while building (`None` when loaded, or for a tokenizer encoded whole).
+    pub fn word_hit_rate(&self) -> Option<f64> {
+        self.word_hit_rate
     }
 
     /// Samples that failed to tokenize, with their errors.
@@ -201,6 +210,7 @@ struct Built {
     offsets: Vec<u64>,
     failed: HashMap<u64, String>,
     truncated: u64,
+    word_hit_rate: Option<f64>,
 }
 
 /// Gathers a batch's token ids into `ids` (i32, concatenated) and `lengths`.
@@ -281,6 +291,7 @@ fn tokenize_all(
         offsets,
         failed,
         truncated: stats.snapshot().2,
+        word_hit_rate: stats.word_hit_rate(),
     })
 }
 
@@ -346,6 +357,7 @@ impl CacheFiles {
             failed,
             loaded: true,
             truncated: 0,
+            word_hit_rate: None,
         }))
     }
 

@@ -88,6 +88,15 @@ struct WordPath {
     key: u64,
 }
 
+/// One text's ids, whether they were truncated, and how many of its words
+/// the word cache held and how many the tokenizer ran on.
+struct Encoded {
+    ids: Vec<u32>,
+    truncated: bool,
+    word_hits: u64,
+    new_words: u64,
+}
+
 /// One thread's word ids, for the `WordPath` whose key it holds.
 #[derive(Default)]
 struct WordCache {
@@ -190,8 +199,8 @@ impl WordPath {
         })
     }
 
-    /// Encodes `text` word by word; the flag says whether it was truncated.
-    fn encode(&self, text: &str) -> Result<(Vec<u32>, bool), BoxError> {
+    /// Encodes `text` word by word.
+    fn encode(&self, text: &str) -> Result<Encoded, BoxError> {
         WORD_CACHE.with(|cache| {
             let mut cache = cache.borrow_mut();
             if cache.key != self.key {
@@ -203,13 +212,18 @@ impl WordPath {
             let mut ids = Vec::with_capacity(self.prefix.len() + text.len() / 3 + 4);
             ids.extend_from_slice(&self.prefix);
             let start = ids.len();
+            let (mut word_hits, mut new_words) = (0, 0);
             for word in text
                 .split([' ', '\t', '\n', '\r'])
                 .filter(|w| !w.is_empty())
             {
                 match cache.ids.get(word) {
-                    Some(w) => ids.extend_from_slice(w),
+                    Some(w) => {
+                        ids.extend_from_slice(w);
+                        word_hits += 1;
+                    }
                     None => {
+                        new_words += 1;
                         let enc = self.words.encode_fast(word, false)?;
                         let w = enc.get_ids();
                         ids.extend_from_slice(w);
@@ -227,7 +241,12 @@ impl WordPath {
             let truncated = ids.len() - start > self.budget;
             ids.truncate(start + self.budget);
             ids.extend_from_slice(&self.suffix);
-            Ok((ids, truncated))
+            Ok(Encoded {
+                ids,
+                truncated,
+                word_hits,
+                new_words,
+            })
         })
     }
 }
@@ -306,9 +325,24 @@ impl TextTokenizer {
 
     /// Encodes `text`; the flag says whether it was truncated.
     pub fn encode_counted(&self, text: &str) -> Result<(Vec<u32>, bool), BoxError> {
+        let e = self.encode_words(text)?;
+        Ok((e.ids, e.truncated))
+    }
+
+    /// Encodes `text` with the word cache's counts (zeros when texts are
+    /// encoded whole).
+    fn encode_words(&self, text: &str) -> Result<Encoded, BoxError> {
         match &self.words {
             Some(words) => words.encode(text),
-            None => self.encode_whole(text),
+            None => {
+                let (ids, truncated) = self.encode_whole(text)?;
+                Ok(Encoded {
+                    ids,
+                    truncated,
+                    word_hits: 0,
+                    new_words: 0,
+                })
+            }
         }
     }
 
@@ -369,6 +403,10 @@ pub struct TokenStats {
     pub tokens: AtomicU64,
     /// Samples cut to `max_length`.
     pub truncated: AtomicU64,
+    /// Words found in a worker's word cache (see the module docs).
+    pub word_hits: AtomicU64,
+    /// Words the tokenizer ran on, through the word cache's misses.
+    pub new_words: AtomicU64,
 }
 
 impl TokenStats {
@@ -379,6 +417,14 @@ impl TokenStats {
             self.tokens.load(Ordering::Relaxed),
             self.truncated.load(Ordering::Relaxed),
         )
+    }
+
+    /// The share of words found in a word cache, `None` when no text went
+    /// through one.
+    pub fn word_hit_rate(&self) -> Option<f64> {
+        let hits = self.word_hits.load(Ordering::Relaxed);
+        let total = hits + self.new_words.load(Ordering::Relaxed);
+        (total > 0).then(|| hits as f64 / total as f64)
     }
 }
 
@@ -406,7 +452,14 @@ impl Stage for Tokenize {
     type In = Text;
     type Out = Tokens;
     fn process(&self, text: Text, _ctx: &StageCtx) -> Result<Tokens, BoxError> {
-        let (ids, truncated) = self.tokenizer.encode_counted(&text.0)?;
+        let Encoded {
+            ids,
+            truncated,
+            word_hits,
+            new_words,
+        } = self.tokenizer.encode_words(&text.0)?;
+        self.stats.word_hits.fetch_add(word_hits, Ordering::Relaxed);
+        self.stats.new_words.fetch_add(new_words, Ordering::Relaxed);
         self.stats.samples.fetch_add(1, Ordering::Relaxed);
         self.stats
             .tokens
@@ -446,6 +499,10 @@ mod tests {
         assert_eq!(long.0.len(), 6);
         assert_eq!(long.0[5], tok.eos_id());
         assert_eq!(stage.stats().snapshot(), (2, 9, 1));
+        // "hi", then "one" … "six" before the budget ran out: all new.
+        assert_eq!(stage.stats().word_hit_rate(), Some(0.0));
+        stage.process(Text("hi one two".into()), &ctx).unwrap();
+        assert_eq!(stage.stats().word_hit_rate(), Some(3.0 / 9.0));
         assert_eq!(tok.pad_id(), 0);
         assert_eq!(tok.vocab_size(), 30522);
     }
