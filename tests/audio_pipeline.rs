@@ -26,7 +26,13 @@ fn decode_all(path: &Path) -> (Vec<f32>, u32) {
 
 #[test]
 fn mel_and_logmel_agree_with_librosa() {
-    for name in ["a_tone_16k.wav", "b_noise_22k.wav", "c_stereo_16k.flac"] {
+    for name in [
+        "a_tone_16k.wav",
+        "b_noise_22k.wav",
+        "c_stereo_16k.flac",
+        "d_speech_22k.mp3",
+        "e_speech_22k.ogg",
+    ] {
         let (y, sr) = decode_all(&data().join(name));
         let fx = FeatureExtractor::new(FeatureConfig {
             sample_rate: sr,
@@ -134,7 +140,7 @@ fn the_pipeline_batches_chunks_of_every_file() {
         ..StreamOptions::default()
     };
     let files = AudioFiles::scan(&data(), opts).unwrap();
-    assert_eq!(files.files().len(), 3);
+    assert_eq!(files.files().len(), 5);
     let read = files.samples_read();
     let p = Pipeline::builder_iterable(files)
         .stage(
@@ -169,17 +175,17 @@ fn the_pipeline_batches_chunks_of_every_file() {
     }
     chunks.sort();
     // a: 2 s → 4 chunks; b: 1.3 s at 22.05 kHz → 20800 samples at 16 kHz → 3 chunks (last 0.3 s);
-    // c: 1 s → 2 chunks.
-    let per_file: Vec<usize> = (0..3)
+    // c: 1 s → 2 chunks; d (MP3) and e (Ogg): 2.5 s at 22.05 kHz → 40000 samples → 5 chunks.
+    let per_file: Vec<usize> = (0..5)
         .map(|f| chunks.iter().filter(|c| c.0 == f).count())
         .collect();
-    assert_eq!(per_file, [4, 3, 2]);
+    assert_eq!(per_file, [4, 3, 2, 5, 5]);
     let b_last = chunks.iter().rfind(|c| c.0 == 1).unwrap();
     assert_eq!(b_last.1, 16000);
     assert_eq!(b_last.2, 1 + (20800 - 16000) / 160);
     assert_eq!(
         read.load(std::sync::atomic::Ordering::Relaxed),
-        32000 + 20800 + 16000
+        32000 + 20800 + 16000 + 2 * 40000
     );
 }
 

@@ -249,3 +249,48 @@ fn channels_keep_gives_a_plane_per_channel() {
         "{e}"
     );
 }
+
+#[test]
+fn speech_files_join_the_dataset_and_run_through_the_pipeline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("speech");
+    let d = data.to_str().unwrap();
+    ok(
+        &cache,
+        &[
+            "make-dataset",
+            "audio",
+            d,
+            "--count",
+            "2",
+            "--min-seconds",
+            "1",
+            "--max-seconds",
+            "2",
+            "--speech",
+        ],
+    );
+    let names: Vec<PathBuf> = files(&data, "");
+    assert_eq!(names.len(), 5);
+    for (name, bytes) in ferrofeed::audio::synth::SPEECH {
+        assert_eq!(std::fs::read(data.join(name)).unwrap(), bytes);
+    }
+    let rep = tmp.path().join("r.json");
+    ok(
+        &cache,
+        &[
+            "audio",
+            d,
+            "--report-json",
+            rep.to_str().unwrap(),
+            "--quiet",
+        ],
+    );
+    let r = report(&rep);
+    assert_eq!(r["files"], 5);
+    assert!(r["skipped"].as_array().unwrap().is_empty(), "{r}");
+    // 4.5 + 5.0 + 6.7 s of speech (resampled from 22.05 kHz) and 2–4 s of synthetic audio.
+    let secs = r["audio_seconds"].as_f64().unwrap();
+    assert!((18.0..21.0).contains(&secs), "{secs}");
+}

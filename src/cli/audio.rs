@@ -118,6 +118,10 @@ pub struct MakeArgs {
     /// Longest file, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub max_seconds: f64,
+    /// Also write the three embedded espeak-ng sentences (22.05 kHz mono
+    /// FLAC, 4.5–6.7 s) beside the COUNT synthetic files.
+    #[arg(long)]
+    pub speech: bool,
     /// One sample rate for every file (default: 8, 16, 22.05, 44.1, 48 kHz in turn).
     #[arg(long)]
     pub rate: Option<u32>,
@@ -143,15 +147,17 @@ pub enum FormatArg {
 const DEFAULT_COUNT: usize = 40;
 
 fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
-    let dir = super::cache_dir().join(format!("audio-synth-v1-seed0-n{DEFAULT_COUNT}"));
+    let dir = super::cache_dir().join(format!("audio-synth-v2-seed0-n{DEFAULT_COUNT}"));
     if !dir.join(".complete").exists() {
         if !quiet {
             eprintln!(
-                "generating the default audio dataset ({DEFAULT_COUNT} files, 3–30 s) into {} …",
+                "generating the default audio dataset ({DEFAULT_COUNT} synthetic files, 3–30 s, and {} spoken sentences) into {} …",
+                synth::SPEECH.len(),
                 dir.display()
             );
         }
         synth::write_dataset(&dir, DEFAULT_COUNT, 0, 3.0..30.0).map_err(CliError::io(&dir))?;
+        synth::write_speech(&dir).map_err(CliError::io(&dir))?;
         let done = dir.join(".complete");
         std::fs::write(&done, b"").map_err(CliError::io(&done))?;
     }
@@ -304,17 +310,21 @@ pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
         },
         channels: a.channels,
     };
-    let files = synth::write_dataset_with(&a.dir, a.count as usize, a.seed, &opts)
+    let mut files = synth::write_dataset_with(&a.dir, a.count as usize, a.seed, &opts)
         .map_err(CliError::io(&a.dir))?;
+    if a.speech {
+        files.extend(synth::write_speech(&a.dir).map_err(CliError::io(&a.dir))?);
+    }
     let bytes: u64 = files
         .iter()
         .filter_map(|p: &PathBuf| std::fs::metadata(Path::new(p)).ok())
         .map(|m| m.len())
         .sum();
     println!(
-        "wrote {} files ({:.1} MiB: wav 16-bit and float, flac; 8–48 kHz; mono and stereo) to {} in {:.1} s",
+        "wrote {} files ({:.1} MiB: wav 16-bit and float, flac; 8–48 kHz; mono and stereo{}) to {} in {:.1} s",
         files.len(),
         bytes as f64 / (1024.0 * 1024.0),
+        if a.speech { "; speech" } else { "" },
         a.dir.display(),
         t.elapsed().as_secs_f64()
     );

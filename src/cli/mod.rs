@@ -62,7 +62,7 @@ enum MakeDomain {
     Vision(MakeArgs),
     /// Lines of the embedded corpus in .txt and .jsonl files (1,000 lines each).
     Text(MakeArgs),
-    /// Tones, chirps and noise as wav/flac files of varied lengths and rates.
+    /// Tones, chirps and noise as wav/flac files of varied lengths and rates (`--speech`: and three spoken sentences).
     Audio(audio::MakeArgs),
 }
 

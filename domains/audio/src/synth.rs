@@ -1,7 +1,8 @@
 //! A deterministic synthetic audio dataset: tones, chirps, noise and their
 //! mixes, of varied lengths and sample rates, as 16-bit and float WAV and as
 //! FLAC, some stereo — so decoding, mixing, resampling and chunking are all
-//! exercised. Same `(count, seed)`, same bytes.
+//! exercised. Same `(count, seed)`, same bytes. [`SPEECH`] adds three
+//! spoken sentences (espeak-ng, 22.05 kHz FLAC) for real speech content.
 //!
 //! ```
 //! let dir = tempfile::tempdir().unwrap();
@@ -82,6 +83,36 @@ impl Default for SynthOptions {
             channels: None,
         }
     }
+}
+
+/// Three sentences spoken by espeak-ng, 22.05 kHz 16-bit mono FLAC, 4.5–6.7 s
+/// (made by `domains/audio/data/make_speech.sh`).
+pub const SPEECH: [(&str, &[u8]); 3] = [
+    (
+        "speech_1.flac",
+        include_bytes!("../data/speech/speech_1.flac"),
+    ),
+    (
+        "speech_2.flac",
+        include_bytes!("../data/speech/speech_2.flac"),
+    ),
+    (
+        "speech_3.flac",
+        include_bytes!("../data/speech/speech_3.flac"),
+    ),
+];
+
+/// Writes the [`SPEECH`] files into `dir`; returns their paths.
+pub fn write_speech(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    SPEECH
+        .iter()
+        .map(|(name, bytes)| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes)?;
+            Ok(path)
+        })
+        .collect()
 }
 
 /// Writes `count` files of `seconds` (drawn uniformly) into `dir`; returns
