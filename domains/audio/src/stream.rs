@@ -97,9 +97,10 @@ impl ChunkSpec {
             overlap: o as usize,
         })
     }
-    /// Samples between chunk starts.
+    /// Samples between chunk starts (at least 1, also for a hand-made spec
+    /// whose overlap is not below its chunk).
     pub fn step(&self) -> usize {
-        self.chunk - self.overlap
+        self.chunk.saturating_sub(self.overlap).max(1)
     }
 }
 
@@ -136,7 +137,7 @@ impl Chunker {
         self.total += samples.len() as u64;
         let c = self.spec.chunk;
         // A hand-made spec may break `from_seconds`' rules; keep them.
-        let step = self.spec.step().clamp(1, c.max(1));
+        let step = self.spec.step().min(c.max(1));
         while !samples.is_empty() {
             let take = c.saturating_sub(self.buf.len()).min(samples.len());
             self.buf.extend_from_slice(&samples[..take]);
@@ -612,6 +613,18 @@ mod tests {
             100,
         );
         assert!(c.finish(&mut Vec::new()).is_err());
+        // A hand-made spec with the overlap past the chunk steps one sample.
+        let odd = ChunkSpec {
+            chunk: 4,
+            overlap: 6,
+        };
+        assert_eq!(odd.step(), 1);
+        let starts: Vec<u64> = chunks(7, odd, 3).iter().map(|c| c.start).collect();
+        assert_eq!(
+            starts,
+            [0, 1, 2, 3],
+            "full chunks only: the last one ends at sample 7"
+        );
     }
 
     #[test]
