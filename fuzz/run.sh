@@ -10,9 +10,9 @@ SECONDS_EACH=${1:-60}
 mkdir -p corpus/jpeg_decode corpus/jpeg_train_crop corpus/audio_decode corpus/text_line corpus/state_json
 cp ../tests/data/vision/*.jpg corpus/jpeg_decode/ 2>/dev/null || true
 cp ../tests/data/vision/*.jpg corpus/jpeg_train_crop/ 2>/dev/null || true
-for f in ../tests/data/audio/*.wav ../tests/data/audio/*.flac; do
-  # First byte picks the container hint: 0 wav, 1 flac.
-  case "$f" in *.wav) k='\x00';; *) k='\x01';; esac
+for f in ../tests/data/audio/*.wav ../tests/data/audio/*.flac ../tests/data/audio/*.mp3 ../tests/data/audio/*.ogg; do
+  # First byte picks the container hint: 0 wav, 1 flac, 2 mp3, 3 ogg.
+  case "$f" in *.wav) k='\x00';; *.flac) k='\x01';; *.mp3) k='\x02';; *) k='\x03';; esac
   { printf "$k"; head -c 20000 "$f"; } > "corpus/audio_decode/$(basename "$f")"
 done
 head -50 ../domains/text/data/corpus.txt | split -l 1 - corpus/text_line/line-
