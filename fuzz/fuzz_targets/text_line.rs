@@ -1,5 +1,6 @@
 //! Any bytes as a `.txt` or `.jsonl` line (strict and lossy UTF-8), then
-//! tokenized when it parses.
+//! tokenized when it parses — word by word through the word cache, which
+//! must give the ids of encoding the whole line.
 #![no_main]
 use std::sync::OnceLock;
 
@@ -23,9 +24,15 @@ fuzz_target!(|data: &[u8]| {
             ..CorpusOptions::default()
         };
         if let Ok(text) = parse_line(data, json, &opts) {
-            let ids = tokenizer().encode(&text);
-            if let Ok(ids) = ids {
-                assert!(ids.len() <= 128);
+            let words = tokenizer().encode_counted(&text);
+            let whole = tokenizer().encode_whole(&text);
+            match (words, whole) {
+                (Ok(words), Ok(whole)) => {
+                    assert!(words.0.len() <= 128);
+                    assert_eq!(words, whole, "{text:?}");
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{text:?}: {a:?} vs {b:?}"),
             }
         }
     }
