@@ -8,6 +8,10 @@
 //! at least `min_task_samples` samples), stored column-wise as a [`Table`] —
 //! so queue hops and wake-ups are paid per task, not per sample. Segments are linked by bounded `flume` queues; the consumer
 //! reorders tasks into sampler order (unless `unordered`).
+//! An iterable source's shard groups are each read by one worker, part by
+//! part; a worker with no group left takes parts from the readers (when the
+//! byte budget has room), so one long shard or an epoch's last groups still
+//! use every worker.
 //! With [`autotune`](crate::PipelineBuilder::autotune), `Auto` stages are
 //! not fused: each has a pool of up to `autotune_max_workers` threads, of
 //! which the tuner ([`crate::autotune`]) sets how many work; the others park.
@@ -598,6 +602,37 @@ struct EpochRun {
     finished: Mutex<usize>,
     finished_cv: Condvar,
     total_workers: usize,
+    /// Iterable sources: parts a worker reading a shard group hands to
+    /// workers that have no group left to claim (see `run_iter_source`).
+    handoff: (flume::Sender<Handoff>, flume::Receiver<Handoff>),
+    /// First-segment workers still claiming and reading shard groups.
+    readers: AtomicUsize,
+    /// Workers waiting for a handed-off part.
+    idle_helpers: AtomicUsize,
+}
+
+/// A part read from shard group `major`, to be run through the first
+/// segment by another worker.
+struct Handoff {
+    major: u64,
+    part: u64,
+    table: Table,
+    log: TaskLog,
+    /// The group's last part.
+    done: bool,
+    /// The part's bytes, counted in the byte budget from the hand-off on
+    /// (a part a reader runs itself is counted once it is forwarded).
+    lease: Lease,
+}
+
+/// Counts a worker out of [`EpochRun::readers`] when it stops reading,
+/// also by a panic.
+struct ReaderGuard<'a>(&'a AtomicUsize);
+
+impl Drop for ReaderGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl EpochRun {
@@ -1103,7 +1138,79 @@ impl Worker {
         }
     }
 
+    /// Reads shard groups (each claimed by one worker, its shards opened and
+    /// read part by part in order) and runs the first segment over the parts.
+    /// A reader hands a part to a worker that has no group left, when one is
+    /// waiting, instead of running the segment itself — so a single long
+    /// shard, or the last groups of an epoch, still keep every worker busy.
+    /// Parts keep their keys, so the consumer's order is unchanged. (Not
+    /// with autotune, whose pool sizes follow each worker's own costs.)
     fn run_iter_source(&mut self, job: &Job, order: &[usize], group: usize, skip_parts: u64) {
+        {
+            let _reading = ReaderGuard(&job.run.readers);
+            self.read_groups(job, order, group, skip_parts);
+        }
+        if !self.shared.segments[0].tuned {
+            self.help_readers(job);
+        }
+    }
+
+    /// Runs handed-off parts until no worker is reading any more.
+    fn help_readers(&mut self, job: &Job) {
+        let run = &job.run;
+        let rx = &run.handoff.1;
+        loop {
+            if run.cancelled() {
+                return;
+            }
+            run.idle_helpers.fetch_add(1, Ordering::AcqRel);
+            let got = rx.recv_timeout(Duration::from_millis(2));
+            run.idle_helpers.fetch_sub(1, Ordering::AcqRel);
+            match got {
+                Ok(h) => {
+                    self.meter_begin();
+                    if self.finish_part(job, h).is_none() {
+                        return;
+                    }
+                }
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    if run.readers.load(Ordering::Acquire) == 0 && rx.is_empty() {
+                        return;
+                    }
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Runs the first segment over a part and forwards it: `None` when the
+    /// receiver is gone, else whether the part ended its group.
+    fn finish_part(&mut self, job: &Job, h: Handoff) -> Option<bool> {
+        let Handoff {
+            major,
+            part,
+            mut table,
+            mut log,
+            done,
+            lease,
+        } = h;
+        self.run_segment(&job.run, &mut table, &mut log);
+        let last = done || log.fail.is_some();
+        if self.shared.cfg.drop_last && table.len() < self.shared.cfg.batch_size {
+            table.truncate(0);
+        }
+        let msg = TaskMsg {
+            key: Key { major, minor: part },
+            next_major: if last { major + 1 } else { major },
+            last,
+            table,
+            log,
+            lease,
+        };
+        self.forward(job, msg).then_some(last)
+    }
+
+    fn read_groups(&mut self, job: &Job, order: &[usize], group: usize, skip_parts: u64) {
         let first = job.run.start.0;
         let run = &job.run;
         let shared = Arc::clone(&self.shared);
@@ -1235,29 +1342,47 @@ impl Worker {
                 if failed {
                     table.truncate(0);
                 }
-                self.run_segment(run, &mut table, &mut log);
-                let last = done || log.fail.is_some();
-                if shared.cfg.drop_last && table.len() < bs {
-                    table.truncate(0);
-                }
-                let msg = TaskMsg {
-                    key: Key {
-                        major: t,
-                        minor: part,
-                    },
-                    next_major: if last { t + 1 } else { t },
-                    last,
+                let mut h = Handoff {
+                    major: t,
+                    part,
                     table,
                     log: std::mem::take(&mut log),
+                    done,
                     lease: shared.budget.lease(0),
                 };
-                if !self.forward(job, msg) {
-                    return;
+                // A waiting worker takes the part, if one is free and the
+                // byte budget has room for a second part at work: the part,
+                // what the segment makes of it, and the one this worker
+                // reads next.
+                if !tuned
+                    && !failed
+                    && run.idle_helpers.load(Ordering::Acquire) > run.handoff.0.len()
+                    && shared
+                        .budget
+                        .fits(2 * h.table.nbytes() + run.est_task_bytes.load(Ordering::Relaxed))
+                {
+                    h.lease.resize(h.table.nbytes());
+                    match run.handoff.0.try_send(h) {
+                        Ok(()) => {
+                            self.stats.flush(&self.shared);
+                            if done {
+                                break;
+                            }
+                            part += 1;
+                            continue;
+                        }
+                        Err(flume::TrySendError::Full(back))
+                        | Err(flume::TrySendError::Disconnected(back)) => {
+                            h = back;
+                            h.lease.resize(0);
+                        }
+                    }
                 }
-                if last {
-                    break;
+                match self.finish_part(job, h) {
+                    None => return,
+                    Some(true) => break,
+                    Some(false) => part += 1,
                 }
-                part += 1;
             }
         }
     }
@@ -1872,6 +1997,9 @@ impl Pipeline {
             finished: Mutex::new(0),
             finished_cv: Condvar::new(),
             total_workers: self.ctrl.len(),
+            handoff: flume::bounded(self.shared.segments[0].workers.max(1)),
+            readers: AtomicUsize::new(self.shared.segments[0].workers),
+            idle_helpers: AtomicUsize::new(0),
         });
         let segs = &self.shared.segments;
         let (final_tx, final_rx) = flume::bounded::<TaskOut>(self.shared.window as usize);

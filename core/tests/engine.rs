@@ -557,6 +557,102 @@ fn iterable_sources_read_each_element_once_in_shard_order() {
     }
 }
 
+/// One shard read by one worker: the others take its parts as they are
+/// read, and the batches are those of a single worker, in order.
+#[test]
+fn a_single_shard_keeps_every_worker_busy() {
+    let build = |workers: usize, seen: Arc<std::sync::Mutex<std::collections::HashSet<String>>>| {
+        Pipeline::builder_iterable(Ranges {
+            shards: 1,
+            per: 240,
+            broken: None,
+        })
+        .map_with(
+            "slow",
+            StageOptions::new().workers(Parallelism::Fixed(workers)),
+            move |v: Val, _: &StageCtx| {
+                std::thread::sleep(Duration::from_micros(500));
+                let name = std::thread::current().name().unwrap_or("").to_string();
+                seen.lock().unwrap().insert(name);
+                Ok::<_, BoxError>(v)
+            },
+        )
+        .batch_size(4)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap()
+    };
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let p = build(3, Arc::clone(&seen));
+    for epoch in 0..3 {
+        seen.lock().unwrap().clear();
+        assert_eq!(collect_all(&p, epoch), (0..240).collect::<Vec<_>>());
+        let workers = seen.lock().unwrap().len();
+        assert!(
+            workers >= 2,
+            "epoch {epoch}: {workers} worker ran the stage"
+        );
+    }
+    let one = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let single = build(1, Arc::clone(&one));
+    assert_eq!(collect_all(&single, 0), collect_all(&p, 0));
+    assert_eq!(one.lock().unwrap().len(), 1);
+}
+
+/// A sample failing in a part another worker took: `fail` stops the epoch
+/// naming it, after the batches before it; `skip` drops only it.
+#[test]
+fn a_failure_in_a_handed_off_part_follows_the_policy() {
+    let build = |policy: ErrorPolicy| {
+        Pipeline::builder_iterable(Ranges {
+            shards: 1,
+            per: 200,
+            broken: None,
+        })
+        .map_with(
+            "slow",
+            StageOptions::new().workers(Parallelism::Fixed(3)),
+            |v: Val, _: &StageCtx| {
+                std::thread::sleep(Duration::from_micros(300));
+                if v.0 == 123 {
+                    return Err::<Val, BoxError>("bad sample".into());
+                }
+                Ok(v)
+            },
+        )
+        .batch_size(4)
+        .on_error(policy)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap()
+    };
+    let p = build(ErrorPolicy::Fail);
+    for epoch in 0..2 {
+        let mut got = Vec::new();
+        let mut err = None;
+        for b in p.epoch(epoch) {
+            match b {
+                Ok(b) => got.extend(col(&b)),
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        assert_eq!(got, (0..120).collect::<Vec<_>>(), "epoch {epoch}");
+        let e = err.expect("the failure is reported");
+        assert_eq!(e.index, Some(123));
+        assert_eq!(e.stage, "slow");
+    }
+    let p = build(ErrorPolicy::Skip);
+    let got = collect_all(&p, 0);
+    let want: Vec<i64> = (0..200).filter(|&v| v != 123).collect();
+    assert_eq!(got, want);
+    let s = p.last_summary().unwrap();
+    assert_eq!(s.skipped.len(), 1);
+    assert_eq!(s.skipped[0].index, Some(123));
+}
+
 #[test]
 fn iterable_shard_errors_follow_the_policy() {
     let p = Pipeline::builder_iterable(Ranges {
