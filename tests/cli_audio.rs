@@ -5,28 +5,31 @@ use std::path::{Path, PathBuf};
 mod common;
 use common::{files_with_prefix as files, npy, npy_i64, ok_in as ok, report, run_in as run};
 
+/// `ferrofeed make-dataset audio DIR --count COUNT --min-seconds 1
+/// --max-seconds MAX` and any further flags.
+fn make_audio(cache: &Path, dir: &Path, count: &str, max_seconds: &str, more: &[&str]) {
+    let mut args = vec![
+        "make-dataset",
+        "audio",
+        dir.to_str().unwrap(),
+        "--count",
+        count,
+        "--min-seconds",
+        "1",
+        "--max-seconds",
+        max_seconds,
+    ];
+    args.extend_from_slice(more);
+    ok(cache, &args);
+}
+
 #[test]
 fn synthetic_dataset_to_logmel_batches() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let data = tmp.path().join("data");
     let d = data.to_str().unwrap();
-    ok(
-        &cache,
-        &[
-            "make-dataset",
-            "audio",
-            d,
-            "--count",
-            "6",
-            "--min-seconds",
-            "1",
-            "--max-seconds",
-            "4",
-            "--seed",
-            "3",
-        ],
-    );
+    make_audio(&cache, &data, "6", "4", &["--seed", "3"]);
     let names: Vec<PathBuf> = files(&data, "");
     assert_eq!(names.len(), 6);
     let exts: Vec<String> = names
@@ -36,22 +39,7 @@ fn synthetic_dataset_to_logmel_batches() {
     assert!(exts.contains(&"flac".to_string()) && exts.contains(&"wav".to_string()));
     // Deterministic.
     let again = tmp.path().join("again");
-    ok(
-        &cache,
-        &[
-            "make-dataset",
-            "audio",
-            again.to_str().unwrap(),
-            "--count",
-            "6",
-            "--min-seconds",
-            "1",
-            "--max-seconds",
-            "4",
-            "--seed",
-            "3",
-        ],
-    );
+    make_audio(&cache, &again, "6", "4", &["--seed", "3"]);
     for n in &names {
         assert_eq!(
             std::fs::read(n).unwrap(),
@@ -186,22 +174,7 @@ fn channels_keep_gives_a_plane_per_channel() {
     let cache = tmp.path().join("cache");
     let data = tmp.path().join("stereo");
     let d = data.to_str().unwrap();
-    ok(
-        &cache,
-        &[
-            "make-dataset",
-            "audio",
-            d,
-            "--count",
-            "3",
-            "--channels",
-            "2",
-            "--min-seconds",
-            "1",
-            "--max-seconds",
-            "2",
-        ],
-    );
+    make_audio(&cache, &data, "3", "2", &["--channels", "2"]);
     let dump = tmp.path().join("dump");
     ok(
         &cache,
@@ -256,21 +229,7 @@ fn speech_files_join_the_dataset_and_run_through_the_pipeline() {
     let cache = tmp.path().join("cache");
     let data = tmp.path().join("speech");
     let d = data.to_str().unwrap();
-    ok(
-        &cache,
-        &[
-            "make-dataset",
-            "audio",
-            d,
-            "--count",
-            "2",
-            "--min-seconds",
-            "1",
-            "--max-seconds",
-            "2",
-            "--speech",
-        ],
-    );
+    make_audio(&cache, &data, "2", "2", &["--speech"]);
     let names: Vec<PathBuf> = files(&data, "");
     assert_eq!(names.len(), 5);
     for (name, bytes) in ferrofeed::audio::synth::SPEECH {
