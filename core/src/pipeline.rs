@@ -1151,16 +1151,17 @@ impl Worker {
             self.read_groups(job, order, group, skip_parts);
         }
         if !self.shared.segments[0].tuned {
-            self.help_readers(job);
+            self.help_readers(job, order.len().div_ceil(group.max(1)) as u64);
         }
     }
 
-    /// Runs handed-off parts until no worker is reading any more.
-    fn help_readers(&mut self, job: &Job) {
+    /// Runs handed-off parts until no worker is reading any more (or the
+    /// consumer has every one of the epoch's `groups`).
+    fn help_readers(&mut self, job: &Job, groups: u64) {
         let run = &job.run;
         let rx = &run.handoff.1;
         loop {
-            if run.cancelled() {
+            if run.cancelled() || run.consumer_next.load(Ordering::Acquire) >= groups {
                 return;
             }
             run.idle_helpers.fetch_add(1, Ordering::AcqRel);
