@@ -117,7 +117,13 @@ pub struct Chunker {
 
 impl Chunker {
     /// A chunker for a stream at `rate`.
+    /// A hand-made spec with a zero-length chunk gets one-sample chunks
+    /// (`from_seconds` refuses it).
     pub fn new(spec: ChunkSpec, rate: u32) -> Self {
+        let spec = ChunkSpec {
+            chunk: spec.chunk.max(1),
+            ..spec
+        };
         Chunker {
             spec,
             rate,
@@ -135,16 +141,15 @@ impl Chunker {
     /// one starts with its overlap.
     pub fn push(&mut self, mut samples: &[f32], out: &mut impl Extend<AudioChunk>) {
         self.total += samples.len() as u64;
-        let c = self.spec.chunk;
-        // A hand-made spec may break `from_seconds`' rules; keep them.
-        let step = self.spec.step().min(c.max(1));
+        // `new` keeps the chunk at least 1, so 1 ≤ step ≤ chunk.
+        let (c, step) = (self.spec.chunk, self.spec.step());
         while !samples.is_empty() {
-            let take = c.saturating_sub(self.buf.len()).min(samples.len());
+            let take = (c - self.buf.len()).min(samples.len());
             self.buf.extend_from_slice(&samples[..take]);
             samples = &samples[take..];
             if self.buf.len() >= c {
                 let mut next = Vec::with_capacity(c);
-                next.extend_from_slice(&self.buf[step.min(self.buf.len())..]);
+                next.extend_from_slice(&self.buf[step..]);
                 let full = std::mem::replace(&mut self.buf, next);
                 out.extend(std::iter::once(AudioChunk {
                     samples: full,
@@ -625,6 +630,14 @@ mod tests {
             [0, 1, 2, 3],
             "full chunks only: the last one ends at sample 7"
         );
+        // A zero-length chunk neither loops nor loses samples: one per chunk.
+        let zero = ChunkSpec {
+            chunk: 0,
+            overlap: 0,
+        };
+        let got = chunks(5, zero, 2);
+        assert_eq!(got.len(), 5);
+        assert!(got.iter().all(|c| c.samples.len() == 1 && c.valid == 1));
     }
 
     #[test]
