@@ -264,9 +264,13 @@ mod tests {
     use super::*;
 
     fn cpu(ns: f64, max: usize) -> SegModel {
+        blocked(ns, 0.0, max)
+    }
+
+    fn blocked(cpu_ns: f64, blocked_ns: f64, max: usize) -> SegModel {
         SegModel {
-            cpu_ns: ns,
-            blocked_ns: 0.0,
+            cpu_ns,
+            blocked_ns,
             max,
             tuned: true,
         }
@@ -287,12 +291,7 @@ mod tests {
     fn a_blocked_stage_gets_threads_beyond_the_cpus() {
         // 20 µs CPU + 400 µs blocked per sample, then 200 + 50 µs of CPU:
         // 2 CPUs give 7,407/s, which needs ≥ 3.1 fetch workers (4 with margin).
-        let fetch = SegModel {
-            cpu_ns: 20e3,
-            blocked_ns: 400e3,
-            max: 16,
-            tuned: true,
-        };
+        let fetch = blocked(20e3, 400e3, 16);
         let segs = [fetch, cpu(200e3, 8), cpu(50e3, 8)];
         let w = propose(2.0, &segs, &[0, 0, 0], 64);
         assert_eq!(w, vec![4, 2, 1]);
@@ -303,12 +302,7 @@ mod tests {
         // Measured in a run: fetch 34 µs CPU + 357 µs blocked, decode 187 µs,
         // augment 43 µs, on 2 CPUs (7,575/s at best). At [2, 1, 1] fetch
         // (with its margin) and decode both sit near 5,000/s.
-        let fetch = SegModel {
-            cpu_ns: 34e3,
-            blocked_ns: 357e3,
-            max: 16,
-            tuned: true,
-        };
+        let fetch = blocked(34e3, 357e3, 16);
         let segs = [fetch, cpu(187e3, 8), cpu(43e3, 8)];
         let w = propose(2.0, &segs, &[0, 0, 0], 64);
         assert_eq!(w, vec![4, 2, 1]);
@@ -318,12 +312,7 @@ mod tests {
 
     #[test]
     fn caps_hold() {
-        let fetch = SegModel {
-            cpu_ns: 1e3,
-            blocked_ns: 1e6,
-            max: 3,
-            tuned: true,
-        };
+        let fetch = blocked(1e3, 1e6, 3);
         assert_eq!(propose(2.0, &[fetch], &[0], 64), vec![3]);
         let fetch = SegModel { max: 100, ..fetch };
         assert_eq!(propose(2.0, &[fetch, cpu(1e3, 4)], &[0, 0], 10), vec![9, 1]);

@@ -148,17 +148,7 @@ fn iterable_sources_and_early_drop() {
         .build()
         .expect("valid plan");
     for epoch in 0..2 {
-        let mut all: Vec<i64> = p
-            .epoch(epoch)
-            .flat_map(|b| {
-                b.expect("ok")
-                    .get("x")
-                    .expect("x")
-                    .as_slice::<i64>()
-                    .expect("i64")
-                    .to_vec()
-            })
-            .collect();
+        let mut all = batches(&p, epoch).concat();
         all.sort_unstable();
         assert_eq!(all, (0..600).collect::<Vec<_>>(), "epoch {epoch}");
     }
