@@ -167,6 +167,11 @@ impl BufferPool {
             }),
         }
     }
+    /// The pool a collate recycles its batch buffers through unless given
+    /// another source: up to 8 idle buffers.
+    pub fn for_collate() -> Arc<dyn BufferSource> {
+        Arc::new(BufferPool::new(8))
+    }
     /// Idle buffers held.
     pub fn idle(&self) -> usize {
         self.inner.free.lock().map(|f| f.len()).unwrap_or_default()

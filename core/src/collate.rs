@@ -151,7 +151,7 @@ impl Default for StackCollate {
     fn default() -> Self {
         StackCollate {
             columns: Vec::new(),
-            pool: Arc::new(BufferPool::new(8)),
+            pool: BufferPool::for_collate(),
         }
     }
 }

@@ -128,7 +128,7 @@ pub struct FeatureCollate {
 impl Default for FeatureCollate {
     fn default() -> Self {
         FeatureCollate {
-            pool: Arc::new(BufferPool::new(8)),
+            pool: BufferPool::for_collate(),
         }
     }
 }
