@@ -53,8 +53,8 @@ impl Collatable for Label {
 /// a range of a memory-mapped file. Cloning is cheap.
 #[derive(Clone)]
 pub enum Bytes {
-    /// Heap bytes.
-    Owned(Arc<[u8]>),
+    /// Heap bytes (the reader's own vector, shared without a copy).
+    Owned(Arc<Vec<u8>>),
     /// A slice of a memory map.
     Mapped {
         /// The map.
@@ -66,7 +66,7 @@ pub enum Bytes {
 
 impl From<Vec<u8>> for Bytes {
     fn from(v: Vec<u8>) -> Self {
-        Bytes::Owned(v.into())
+        Bytes::Owned(Arc::new(v))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Per-stage costs of the vision pack on synthetic ~500×375 q90 JPEGs:
 //! decode (libjpeg-turbo and zune-jpeg), fused decode + RandomResizedCrop,
-//! the antialiased resize alone, and collate of a batch of 64.
+//! the antialiased resize alone (ours, and `fast_image_resize` on the same
+//! crop for comparison), and collate of a batch of 64.
 //!
 //! `cargo bench -p ferrofeed-vision --bench stages`
 use std::hint::black_box;
@@ -63,6 +64,27 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for img in &images {
                 black_box(resize_crop(img, (20.0, 5.0, 300.0, 300.0), 224, 224).expect("resizes"));
+            }
+        })
+    });
+    g.bench_function("resize_300_crop_to_224_fast_image_resize", |b| {
+        use fast_image_resize as fir;
+        let mut resizer = fir::Resizer::new();
+        let opts = fir::ResizeOptions::new()
+            .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
+            .crop(20.0, 5.0, 300.0, 300.0);
+        b.iter(|| {
+            for img in &images {
+                let src = fir::images::ImageRef::new(
+                    img.width,
+                    img.height,
+                    &img.data,
+                    fir::PixelType::U8x3,
+                )
+                .expect("a valid image");
+                let mut dst = fir::images::Image::new(224, 224, fir::PixelType::U8x3);
+                resizer.resize(&src, &mut dst, &opts).expect("resizes");
+                black_box(dst);
             }
         })
     });

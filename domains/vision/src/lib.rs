@@ -2,7 +2,7 @@
 //!
 //! The vision pack: JPEG decoding with `zune-jpeg` (other formats through
 //! `image`), EXIF orientation, torchvision-compatible RandomResizedCrop,
-//! antialiased Resize and CenterCrop through `fast_image_resize`, flips,
+//! antialiased Resize and CenterCrop (the [`resample`] module), flips,
 //! normalisation, and a collate that writes CHW rows straight into the batch.
 //!
 //! ```
@@ -28,6 +28,7 @@ pub mod cache;
 pub mod decode;
 pub mod image;
 pub mod libjpeg;
+pub mod resample;
 pub mod synth;
 pub mod transform;
 

@@ -8,9 +8,9 @@
 //!   survive the crop.
 //! - `None`: decode only.
 //!
-//! Resampling is `fast_image_resize`'s convolution with a bilinear filter
-//! whose support widens when downscaling — the antialiased bilinear of
-//! Pillow and of torchvision's `Resize(antialias=True)`.
+//! Resampling ([`crate::resample`]) is a bilinear filter whose support
+//! widens when downscaling — the antialiased bilinear of Pillow and of
+//! torchvision's `Resize(antialias=True)`.
 //!
 //! ```
 //! use ferrofeed_vision::{center_crop_box, eval_resize_size};
@@ -21,7 +21,6 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use fast_image_resize as fir;
 use ferrofeed_core::{BoxError, Stage, StageCtx};
 use ferrofeed_stages::Bytes;
 use rand::Rng;
@@ -150,7 +149,6 @@ fn eval_region(
 }
 
 thread_local! {
-    static RESIZER: RefCell<fir::Resizer> = RefCell::new(fir::Resizer::new());
     /// Each worker's buffer for decoded JPEG regions, reused across images.
     static REGION: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
@@ -163,10 +161,12 @@ pub fn resize_crop(
     out_w: u32,
     out_h: u32,
 ) -> Result<Image, String> {
-    resize_raw(&img.data, img.width, img.height, region, out_w, out_h)
+    resize_raw(
+        &img.data, img.width, img.height, region, out_w, out_h, false,
+    )
 }
 
-/// [`resize_crop`] over raw RGB rows.
+/// [`resize_crop`] over raw RGB rows, mirrored left-right when `flip` is set.
 fn resize_raw(
     data: &[u8],
     width: u32,
@@ -174,17 +174,24 @@ fn resize_raw(
     region: (f64, f64, f64, f64),
     out_w: u32,
     out_h: u32,
+    flip: bool,
 ) -> Result<Image, String> {
-    let src = fir::images::ImageRef::new(width, height, data, fir::PixelType::U8x3)
-        .map_err(|e| e.to_string())?;
-    let mut dst = fir::images::Image::new(out_w, out_h, fir::PixelType::U8x3);
-    let opts = fir::ResizeOptions::new()
-        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
-        .crop(region.0, region.1, region.2, region.3);
-    RESIZER
-        .with(|r| r.borrow_mut().resize(&src, &mut dst, &opts))
-        .map_err(|e| e.to_string())?;
-    Image::new(out_w, out_h, dst.into_vec())
+    if width == 0 || height == 0 || out_w == 0 || out_h == 0 {
+        return Err(format!(
+            "cannot resize {width}x{height} to {out_w}x{out_h}: a side is zero"
+        ));
+    }
+    if data.len() < width as usize * height as usize * 3 {
+        return Err(format!(
+            "{} bytes of pixels for a {width}x{height} RGB image",
+            data.len()
+        ));
+    }
+    if !(region.2 > 0.0 && region.3 > 0.0) {
+        return Err(format!("empty crop region {region:?}"));
+    }
+    let out = crate::resample::resize(data, width, height, region, out_w, out_h, flip);
+    Image::new(out_w, out_h, out)
 }
 
 /// What to do after decoding.
@@ -285,11 +292,16 @@ impl Transform {
                 flip_p,
             } => {
                 let b = random_resized_crop_box(rng, img.width, img.height, scale, ratio);
-                let mut out = resize_crop(img, b.region(), size, size)?;
-                if rng.random::<f64>() < flip_p {
-                    out.flip_horizontal();
-                }
-                Ok(out)
+                let flip = rng.random::<f64>() < flip_p;
+                resize_raw(
+                    &img.data,
+                    img.width,
+                    img.height,
+                    b.region(),
+                    size,
+                    size,
+                    flip,
+                )
             }
         }
     }
@@ -484,11 +496,9 @@ impl DecodeTransform {
                 (region.3 / d).min(rh - top),
             );
             let pixels = &buf[..r.width as usize * r.height as usize * 3];
-            let mut out = resize_raw(pixels, r.width, r.height, inner, out_w, out_h)?;
-            if flip {
-                out.flip_horizontal();
-            }
-            Ok(Some(out))
+            Ok(Some(resize_raw(
+                pixels, r.width, r.height, inner, out_w, out_h, flip,
+            )?))
         })
     }
 }

@@ -134,31 +134,20 @@ impl ReadFile {
                 range: 0..n,
             });
         }
-        // Read straight into the shared buffer (`Bytes::from(Vec)` would
-        // allocate and copy once more).
-        let mut shared: std::sync::Arc<[u8]> = std::iter::repeat_n(0u8, len as usize).collect();
-        let buf = std::sync::Arc::get_mut(&mut shared).ok_or("buffer is shared")?;
-        let mut got = 0;
-        while got < buf.len() {
-            match f.read(&mut buf[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
+        // `read_to_end` fills the vector's spare capacity without zeroing
+        // it first; the `Vec` becomes the shared buffer without a copy. A
+        // file that grew since its metadata was read is still held to the
+        // limit.
+        let mut v = Vec::with_capacity(len as usize + 1);
+        (&mut f).take(self.max_bytes + 1).read_to_end(&mut v)?;
+        if v.len() as u64 > self.max_bytes {
+            return Err(format!(
+                "file grew past the {} byte limit while being read",
+                self.max_bytes
+            )
+            .into());
         }
-        let mut more = Vec::new();
-        if got == buf.len() {
-            f.read_to_end(&mut more)?;
-        }
-        if got < buf.len() || !more.is_empty() {
-            // The file changed size since its metadata was read: take what
-            // it holds now.
-            let mut v = buf[..got].to_vec();
-            v.extend_from_slice(&more);
-            return Ok(Bytes::from(v));
-        }
-        Ok(Bytes::Owned(shared))
+        Ok(Bytes::from(v))
     }
 }
 
