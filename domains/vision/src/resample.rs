@@ -22,6 +22,7 @@
 //! ```
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 
 /// Fixed-point bits of the weights.
 const PREC: u32 = 14;
@@ -244,7 +245,16 @@ fn has_avx2() -> bool {
 
 /// `dst[c * rows + r] = src[r * cols + c]` for a `rows × cols` byte matrix.
 fn transpose(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) {
-    debug_assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and only
+    // initialised bytes are written through the view.
+    let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
+    transpose_uninit(src, rows, cols, dst);
+}
+
+/// [`transpose`] into possibly uninitialised memory: every byte of
+/// `dst[..rows * cols]` is written (the 16×16 tiles, then the edges).
+fn transpose_uninit(src: &[u8], rows: usize, cols: usize, dst: &mut [MaybeUninit<u8>]) {
+    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
     const T: usize = 16;
     let (rt, ct) = (rows / T * T, cols / T * T);
     for r0 in (0..rt).step_by(T) {
@@ -256,7 +266,7 @@ fn transpose(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) {
     for r in 0..rows {
         let cs = if r < rt { ct } else { 0 };
         for c in cs..cols {
-            dst[c * rows + r] = src[r * cols + c];
+            dst[c * rows + r] = MaybeUninit::new(src[r * cols + c]);
         }
     }
 }
@@ -264,7 +274,7 @@ fn transpose(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) {
 /// Transposes the 16×16 tile at `(r0, c0)` of `src` (row length `sc`) into
 /// `dst` (row length `dc`) at `(c0, r0)`.
 #[cfg(target_arch = "x86_64")]
-fn tile16(src: &[u8], sc: usize, r0: usize, c0: usize, dst: &mut [u8], dc: usize) {
+fn tile16(src: &[u8], sc: usize, r0: usize, c0: usize, dst: &mut [MaybeUninit<u8>], dc: usize) {
     use std::arch::x86_64::*;
     // The last byte each side touches, checked once so the loads and
     // stores below stay in bounds.
@@ -311,10 +321,10 @@ fn tile16(src: &[u8], sc: usize, r0: usize, c0: usize, dst: &mut [u8], dc: usize
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn tile16(src: &[u8], sc: usize, r0: usize, c0: usize, dst: &mut [u8], dc: usize) {
+fn tile16(src: &[u8], sc: usize, r0: usize, c0: usize, dst: &mut [MaybeUninit<u8>], dc: usize) {
     for r in r0..r0 + 16 {
         for c in c0..c0 + 16 {
-            dst[c * dc + r] = src[r * sc + c];
+            dst[c * dc + r] = MaybeUninit::new(src[r * sc + c]);
         }
     }
 }
@@ -360,7 +370,8 @@ pub fn resize(
     // Bytes of each source row the horizontal filter reads.
     let (b0, b1) = (x0 as usize * 3, x1 as usize * 3);
     let run = b1 - b0;
-    let mut out = vec![0u8; oh * ow * 3];
+    let n = oh * ow * 3;
+    let mut out = Vec::with_capacity(n);
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         // Pass 1: rows, `oh × run`.
@@ -373,8 +384,8 @@ pub fn resize(
         grow(&mut s.rows_shrunk, oh * run);
         grow(&mut s.columns, run * oh);
         grow(&mut s.shrunk_t, ow * 3 * oh);
-        if s.acc.len() < run.max(oh) {
-            s.acc.resize(run.max(oh), 0);
+        if s.acc.len() < run.max(3 * oh) {
+            s.acc.resize(run.max(3 * oh), 0);
         }
         for (o, dst) in s.rows_shrunk[..oh * run].chunks_exact_mut(run).enumerate() {
             let (y, w) = vy.taps(o);
@@ -389,25 +400,27 @@ pub fn resize(
         // Columns become rows: `run × oh`, row `3x + c` is channel c of
         // source column `x0 + x`.
         transpose(&s.rows_shrunk, oh, run, &mut s.columns);
-        // Pass 2: row `3x' + c` of `ow * 3 × oh` is output column x'.
+        // Pass 2: row `3x' + c` of `ow * 3 × oh` is output column x'. The
+        // three channel rows of a column lie end to end, so one pass of
+        // `3 * oh` bytes makes all three.
         let columns = &s.columns;
+        let span = 3 * oh;
         for xo in 0..ow {
             let (x, w) = hx.taps(xo);
             let x = x - x0 as usize;
             let at = if flip { ow - 1 - xo } else { xo };
-            for c in 0..3 {
-                let dst = &mut s.shrunk_t[(at * 3 + c) * oh..(at * 3 + c + 1) * oh];
-                taps(
-                    avx2,
-                    |k| &columns[((x + k) * 3 + c) * oh..((x + k) * 3 + c + 1) * oh],
-                    w,
-                    dst,
-                    &mut s.acc,
-                );
-            }
+            taps(
+                avx2,
+                |k| &columns[(x + k) * span..(x + k + 1) * span],
+                w,
+                &mut s.shrunk_t[at * span..(at + 1) * span],
+                &mut s.acc,
+            );
         }
-        transpose(&s.shrunk_t, ow * 3, oh, &mut out);
+        transpose_uninit(&s.shrunk_t, ow * 3, oh, &mut out.spare_capacity_mut()[..n]);
     });
+    // SAFETY: `transpose_uninit` wrote all `n` bytes.
+    unsafe { out.set_len(n) };
     out
 }
 
