@@ -257,8 +257,9 @@ fn transpose_uninit(src: &[u8], rows: usize, cols: usize, dst: &mut [MaybeUninit
     assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
     const T: usize = 16;
     let (rt, ct) = (rows / T * T, cols / T * T);
-    for r0 in (0..rt).step_by(T) {
-        for c0 in (0..ct).step_by(T) {
+    // Down the source, so that each destination row fills front to back.
+    for c0 in (0..ct).step_by(T) {
+        for r0 in (0..rt).step_by(T) {
             tile16(src, cols, r0, c0, dst, rows);
         }
     }
