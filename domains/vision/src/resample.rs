@@ -15,9 +15,10 @@
 //! use ferrofeed_vision::resample::resize;
 //! // A 4×2 image, left half black, right half white, shrunk to 2×1.
 //! let px: Vec<u8> = (0..8).flat_map(|i| [if i % 4 < 2 { 0 } else { 255 }; 3]).collect();
-//! let out = resize(&px, 4, 2, (0.0, 0.0, 4.0, 2.0), 2, 1, false);
+//! let out = resize(&px, 4, 2, (0.0, 0.0, 4.0, 2.0), 2, 1, false).unwrap();
 //! assert_eq!(out, vec![36, 36, 36, 219, 219, 219]);
-//! let flipped = resize(&px, 4, 2, (0.0, 0.0, 4.0, 2.0), 2, 1, true);
+//! let flipped = resize(&px, 4, 2, (0.0, 0.0, 4.0, 2.0), 2, 1, true).unwrap();
+//! assert!(resize(&px, 4, 2, (0.0, 0.0, 0.0, 2.0), 2, 1, false).is_err());
 //! assert_eq!(flipped, vec![219, 219, 219, 36, 36, 36]);
 //! ```
 
@@ -344,10 +345,8 @@ thread_local! {
 
 /// Resamples `region = (left, top, width, height)` (fractional source
 /// pixels) of the `width × height` RGB image `src` to `out_w × out_h` RGB,
-/// mirrored left-right when `flip` is set.
-///
-/// # Panics
-/// When `src` is shorter than `width × height × 3` bytes, or a size is zero.
+/// mirrored left-right when `flip` is set. Errors on a zero size, an empty
+/// region or too few pixel bytes.
 pub fn resize(
     src: &[u8],
     width: u32,
@@ -356,11 +355,21 @@ pub fn resize(
     out_w: u32,
     out_h: u32,
     flip: bool,
-) -> Vec<u8> {
-    assert!(
-        width > 0 && height > 0 && out_w > 0 && out_h > 0,
-        "empty image"
-    );
+) -> Result<Vec<u8>, String> {
+    if width == 0 || height == 0 || out_w == 0 || out_h == 0 {
+        return Err(format!(
+            "cannot resize {width}x{height} to {out_w}x{out_h}: a side is zero"
+        ));
+    }
+    if src.len() < width as usize * height as usize * 3 {
+        return Err(format!(
+            "{} bytes of pixels for a {width}x{height} RGB image",
+            src.len()
+        ));
+    }
+    if !(region.2 > 0.0 && region.3 > 0.0) {
+        return Err(format!("empty crop region {region:?}"));
+    }
     let stride = width as usize * 3;
     assert!(src.len() >= stride * height as usize, "short pixel buffer");
     let avx2 = has_avx2();
@@ -422,7 +431,7 @@ pub fn resize(
     });
     // SAFETY: `transpose_uninit` wrote all `n` bytes.
     unsafe { out.set_len(n) };
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -508,7 +517,7 @@ mod tests {
         ];
         for (i, &(w, h, region, ow, oh)) in cases.iter().enumerate() {
             let src = image(w, h, i as u32);
-            let got = resize(&src, w, h, region, ow, oh, false);
+            let got = resize(&src, w, h, region, ow, oh, false).unwrap();
             let want = reference(&src, w, h, region, ow, oh);
             let worst = got
                 .iter()
@@ -544,8 +553,8 @@ mod tests {
     fn flip_mirrors_the_unflipped_result() {
         let src = image(123, 77, 9);
         let region = (5.5, 3.25, 100.0, 70.0);
-        let a = resize(&src, 123, 77, region, 45, 29, false);
-        let b = resize(&src, 123, 77, region, 45, 29, true);
+        let a = resize(&src, 123, 77, region, 45, 29, false).unwrap();
+        let b = resize(&src, 123, 77, region, 45, 29, true).unwrap();
         for y in 0..29 {
             for x in 0..45 {
                 let p = (y * 45 + x) * 3;

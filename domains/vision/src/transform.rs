@@ -161,37 +161,13 @@ pub fn resize_crop(
     out_w: u32,
     out_h: u32,
 ) -> Result<Image, String> {
-    resize_raw(
-        &img.data, img.width, img.height, region, out_w, out_h, false,
+    Image::new(
+        out_w,
+        out_h,
+        crate::resample::resize(
+            &img.data, img.width, img.height, region, out_w, out_h, false,
+        )?,
     )
-}
-
-/// [`resize_crop`] over raw RGB rows, mirrored left-right when `flip` is set.
-fn resize_raw(
-    data: &[u8],
-    width: u32,
-    height: u32,
-    region: (f64, f64, f64, f64),
-    out_w: u32,
-    out_h: u32,
-    flip: bool,
-) -> Result<Image, String> {
-    if width == 0 || height == 0 || out_w == 0 || out_h == 0 {
-        return Err(format!(
-            "cannot resize {width}x{height} to {out_w}x{out_h}: a side is zero"
-        ));
-    }
-    if data.len() < width as usize * height as usize * 3 {
-        return Err(format!(
-            "{} bytes of pixels for a {width}x{height} RGB image",
-            data.len()
-        ));
-    }
-    if !(region.2 > 0.0 && region.3 > 0.0) {
-        return Err(format!("empty crop region {region:?}"));
-    }
-    let out = crate::resample::resize(data, width, height, region, out_w, out_h, flip);
-    Image::new(out_w, out_h, out)
 }
 
 /// What to do after decoding.
@@ -293,14 +269,18 @@ impl Transform {
             } => {
                 let b = random_resized_crop_box(rng, img.width, img.height, scale, ratio);
                 let flip = rng.random::<f64>() < flip_p;
-                resize_raw(
-                    &img.data,
-                    img.width,
-                    img.height,
-                    b.region(),
+                Image::new(
                     size,
                     size,
-                    flip,
+                    crate::resample::resize(
+                        &img.data,
+                        img.width,
+                        img.height,
+                        b.region(),
+                        size,
+                        size,
+                        flip,
+                    )?,
                 )
             }
         }
@@ -496,9 +476,9 @@ impl DecodeTransform {
                 (region.3 / d).min(rh - top),
             );
             let pixels = &buf[..r.width as usize * r.height as usize * 3];
-            Ok(Some(resize_raw(
-                pixels, r.width, r.height, inner, out_w, out_h, flip,
-            )?))
+            let out =
+                crate::resample::resize(pixels, r.width, r.height, inner, out_w, out_h, flip)?;
+            Ok(Some(Image::new(out_w, out_h, out)?))
         })
     }
 }
