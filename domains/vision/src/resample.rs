@@ -564,6 +564,33 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Any image, region inside it and output size: within one level of
+        /// the definition, and the flip is the exact mirror.
+        #[test]
+        fn any_region_matches_the_definition(
+            w in 1u32..90, h in 1u32..70, ow in 1u32..60, oh in 1u32..60,
+            fx in 0.0f64..1.0, fy in 0.0f64..1.0, fw in 0.05f64..1.0, fh in 0.05f64..1.0,
+            seed in 0u32..1000,
+        ) {
+            let src = image(w, h, seed);
+            let left = fx * f64::from(w) * (1.0 - fw);
+            let top = fy * f64::from(h) * (1.0 - fh);
+            let region = (left, top, fw * f64::from(w), fh * f64::from(h));
+            let got = resize(&src, w, h, region, ow, oh, false).unwrap();
+            let want = reference(&src, w, h, region, ow, oh);
+            let worst = got.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+            proptest::prop_assert!(worst <= 1, "off by {}", worst);
+            let flipped = resize(&src, w, h, region, ow, oh, true).unwrap();
+            let row = ow as usize * 3;
+            for (a, b) in got.chunks_exact(row).zip(flipped.chunks_exact(row)) {
+                let mirrored: Vec<u8> = b.chunks_exact(3).rev().flatten().copied().collect();
+                proptest::prop_assert_eq!(a, &mirrored[..]);
+            }
+        }
+    }
+
     #[test]
     fn transpose_handles_partial_tiles() {
         for (rows, cols) in [(16, 16), (33, 50), (7, 3), (224, 672), (1, 40)] {
