@@ -61,5 +61,9 @@ print(f"ferrofeed vision        {med(ff):8.0f} images/s   peak RSS {mib(med(ff_r
 print(f"plain decode limit      {med(dec):8.0f} images/s   (zune-jpeg decode only, 1 thread x {cpus})")
 print(f"ferrofeed / PyTorch     {med(ff) / med(torch):8.2f}x")
 print(f"ferrofeed / decode limit{med(ff) / med(dec):8.2f}x")
+# Contenders of one round run back to back, so per-round ratios shift less
+# with the machine's load than ratios of medians taken across rounds.
+print(f"median of per-round ratios: {med([b / a for a, b in zip(torch, ff)]):.2f}x PyTorch, "
+      f"{med([b / c for b, c in zip(ff, dec)]):.2f}x decode limit")
 print("per round (torch, ferrofeed, decode limit):", [(round(a), round(b), round(c)) for a, b, c in zip(torch, ff, dec)])
 PY
