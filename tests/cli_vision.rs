@@ -344,6 +344,34 @@ fn unusable_datasets_and_arguments_are_clear_errors() {
         "sometimes",
     ]);
     assert_eq!(out.status.code(), Some(2));
+    // Output sizes are refused before anything is allocated for them.
+    let data = d.path().join("data");
+    make_dataset(&data, 4, 2);
+    let out = run(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--size",
+        "100000",
+        "--quiet",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--size 100000") && err.contains("--max-pixels"),
+        "{err}"
+    );
+    let out = run(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--size",
+        "9000",
+        "--batch-size",
+        "4096",
+        "--quiet",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lower --size or --batch-size"), "{err}");
 }
 
 #[test]

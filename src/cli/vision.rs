@@ -176,7 +176,42 @@ fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, C
         TransformArg::Train => Transform::train(opts.size),
     };
     t.validate().map_err(CliError::Usage)?;
+    if !matches!(t, Transform::None) {
+        // The output size is the user's own number: a huge one is refused
+        // like a decompression bomb, not met with an allocation.
+        let px = u64::from(opts.size).pow(2);
+        if px > opts.max_pixels {
+            return Err(CliError::Usage(format!(
+                "--size {} makes {px}-pixel outputs, over --max-pixels {}",
+                opts.size, opts.max_pixels
+            )));
+        }
+    }
     Ok(t)
+}
+
+/// Refuses a batch of `--size` outputs that could not fit in this
+/// machine's memory (one batch is built per worker, and the consumer holds
+/// more).
+fn check_batch_bytes(
+    t: &Transform,
+    size: u32,
+    batch: usize,
+    memory_bytes: u64,
+) -> Result<(), CliError> {
+    if matches!(t, Transform::None) {
+        return Ok(());
+    }
+    let bytes = (batch as u64).saturating_mul(3 * u64::from(size).pow(2));
+    if bytes > memory_bytes / 4 {
+        return Err(CliError::Usage(format!(
+            "a batch of {batch} images at --size {size} is {} MiB, over a quarter of the {} MiB of memory \
+             this process may use: lower --size or --batch-size",
+            bytes >> 20,
+            memory_bytes >> 20
+        )));
+    }
+    Ok(())
 }
 
 fn builder_for(ds: &Dataset, stage: DecodeTransform, workers: Parallelism) -> PipelineBuilder {
@@ -231,6 +266,12 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     for w in &resources.warnings {
         tracing::warn!("{w}: falling back");
     }
+    check_batch_bytes(
+        &stage.transform,
+        a.vision.size,
+        a.common.batch_size,
+        resources.memory_bytes,
+    )?;
     let cpus = resources.workers();
     // A batch being built per worker, one waiting and two held by the
     // consumer; past that a batch waits up to 50 ms for a buffer, then takes
