@@ -321,6 +321,45 @@ fn transform_none_refuses_mixed_sizes_naming_the_sample() {
 }
 
 #[test]
+fn fast_decode_stays_close_to_the_default() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 8, 4);
+    let dump = |name: &str, extra: &[&str]| {
+        let out = d.path().join(name);
+        let mut args = vec![
+            "vision",
+            data.to_str().unwrap(),
+            "--transform",
+            "eval",
+            "--batch-size",
+            "8",
+            "--quiet",
+            "--dump",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
+        common::npy(&out.join("images_000000.npy")).2
+    };
+    let exact = dump("exact", &[]);
+    let fast = dump("fast", &["--fast-decode"]);
+    assert_eq!(exact.len(), fast.len());
+    let mse = exact
+        .iter()
+        .zip(&fast)
+        .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+        .sum::<f64>()
+        / exact.len() as f64;
+    let psnr = 10.0 * (255.0f64.powi(2) / mse.max(1e-12)).log10();
+    assert!(psnr >= 35.0, "fast decode PSNR {psnr:.1} dB");
+    if ferrofeed::vision::libjpeg::AVAILABLE {
+        assert_ne!(exact, fast, "--fast-decode changed nothing");
+    }
+    eprintln!("fast decode vs default: PSNR {psnr:.1} dB");
+}
+
+#[test]
 fn unusable_datasets_and_arguments_are_clear_errors() {
     let d = tempfile::tempdir().unwrap();
     let out = run(&["vision", d.path().to_str().unwrap(), "--quiet"]);
