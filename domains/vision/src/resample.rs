@@ -45,7 +45,8 @@ impl Axis {
     fn new(in_size: u32, in0: f64, in1: f64, out_size: u32) -> Axis {
         let scale = (in1 - in0) / f64::from(out_size);
         let fs = scale.max(1.0);
-        let window = fs.ceil() as usize * 2 + 1;
+        // No output reads more source samples than there are.
+        let window = (fs.ceil().min(f64::from(in_size)) as usize * 2 + 1).min(in_size as usize + 2);
         let mut a = Axis {
             start: Vec::with_capacity(out_size as usize),
             len: Vec::with_capacity(out_size as usize),
@@ -59,12 +60,12 @@ impl Axis {
         for o in 0..out_size as usize {
             let centre = in0 + (o as f64 + 0.5) * scale;
             let lo = (centre - fs).max(0.0) as u32;
-            let top = centre + fs;
+            let top = (centre + fs).min(f64::from(in_size));
             let mut hi = top as u32;
             if f64::from(hi) < top {
                 hi += 1;
             }
-            let hi = hi.min(in_size).max(lo);
+            let hi = hi.max(lo);
             let mut first = lo;
             let mut n = 0usize;
             let mut sum = 0.0;
@@ -370,6 +371,12 @@ pub fn resize(
     if !(region.2 > 0.0 && region.3 > 0.0) {
         return Err(format!("empty crop region {region:?}"));
     }
+    if ![region.0, region.1, region.2, region.3]
+        .iter()
+        .all(|v| v.is_finite())
+    {
+        return Err(format!("crop region {region:?} is not finite"));
+    }
     let stride = width as usize * 3;
     assert!(src.len() >= stride * height as usize, "short pixel buffer");
     let avx2 = has_avx2();
@@ -546,6 +553,24 @@ mod tests {
                 taps(has_avx2(), |k| &rows[k][..], &w, &mut b, &mut acc);
                 assert_eq!(a, b, "{n} taps, width {width}");
             }
+        }
+    }
+
+    #[test]
+    fn odd_regions_are_errors_or_clamped_never_panics() {
+        let src = image(20, 10, 3);
+        assert!(resize(&src, 20, 10, (0.0, 0.0, f64::INFINITY, 5.0), 4, 4, false).is_err());
+        assert!(resize(&src, 20, 10, (f64::NAN, 0.0, 5.0, 5.0), 4, 4, false).is_err());
+        assert!(resize(&src, 20, 10, (0.0, 0.0, 5.0, 5.0), 0, 4, false).is_err());
+        assert!(resize(&src[..10], 20, 10, (0.0, 0.0, 5.0, 5.0), 4, 4, false).is_err());
+        // Far outside or far larger than the image: edge pixels, bounded work.
+        for region in [
+            (-50.0, -30.0, 10.0, 5.0),
+            (100.0, 40.0, 3.0, 3.0),
+            (0.0, 0.0, 1e12, 1e12),
+        ] {
+            let out = resize(&src, 20, 10, region, 7, 5, false).unwrap();
+            assert_eq!(out.len(), 7 * 5 * 3);
         }
     }
 
