@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SECONDS_EACH=${1:-60}
-mkdir -p corpus/jpeg_decode corpus/jpeg_train_crop corpus/audio_decode corpus/text_line corpus/state_json
+mkdir -p corpus/jpeg_decode corpus/jpeg_train_crop corpus/audio_decode corpus/text_line corpus/state_json corpus/resample
 cp ../tests/data/vision/*.jpg corpus/jpeg_decode/ 2>/dev/null || true
 cp ../tests/data/vision/*.jpg corpus/jpeg_train_crop/ 2>/dev/null || true
 for f in ../tests/data/audio/*.wav ../tests/data/audio/*.flac ../tests/data/audio/*.mp3 ../tests/data/audio/*.ogg; do
@@ -21,7 +21,7 @@ printf '{"text": "a json line"}' > corpus/text_line/json
   --save-state fuzz/corpus/state_json/state > /dev/null)
 cargo +nightly fuzz build -O 2>&1 | tail -1
 TARGETS=("${@:2}")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(jpeg_decode jpeg_train_crop audio_decode text_line state_json)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(jpeg_decode jpeg_train_crop audio_decode text_line state_json resample)
 for t in "${TARGETS[@]}"; do
   log=$(mktemp)
   cargo +nightly fuzz run -O "$t" "corpus/$t" -- -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=10 > "$log" 2>&1 || {
