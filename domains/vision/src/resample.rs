@@ -18,8 +18,9 @@
 //! let out = resize(&px, 4, 2, (0.0, 0.0, 4.0, 2.0), 2, 1, false).unwrap();
 //! assert_eq!(out, vec![36, 36, 36, 219, 219, 219]);
 //! let flipped = resize(&px, 4, 2, (0.0, 0.0, 4.0, 2.0), 2, 1, true).unwrap();
-//! assert!(resize(&px, 4, 2, (0.0, 0.0, 0.0, 2.0), 2, 1, false).is_err());
 //! assert_eq!(flipped, vec![219, 219, 219, 36, 36, 36]);
+//! // An empty region is an error, not a panic.
+//! assert!(resize(&px, 4, 2, (0.0, 0.0, 0.0, 2.0), 2, 1, false).is_err());
 //! ```
 
 use std::cell::RefCell;
