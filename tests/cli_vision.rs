@@ -37,6 +37,15 @@ fn make_dataset(dir: &Path, count: u64, seed: u64) {
     ]);
 }
 
+/// `ferrofeed vision DATA ARGS --quiet --dump OUT`; returns OUT.
+fn dump_to(data: &Path, out: PathBuf, args: &[&str]) -> PathBuf {
+    let mut all = vec!["vision", data.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--quiet", "--dump", out.to_str().unwrap()]);
+    ok(&all);
+    out
+}
+
 fn jpgs(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = walk(dir)
         .into_iter()
@@ -95,23 +104,8 @@ fn dump_writes_batches_and_is_identical_across_runs_and_worker_counts() {
     let data = d.path().join("data");
     make_dataset(&data, 20, 1);
     let dump = |name: &str, extra: &[&str]| {
-        let out = d.path().join(name);
-        let mut args = vec![
-            "vision",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "8",
-            "--seed",
-            "5",
-            "--size",
-            "64",
-            "--quiet",
-            "--dump",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        ok(&args);
-        out
+        let base = ["--batch-size", "8", "--seed", "5", "--size", "64"];
+        dump_to(&data, d.path().join(name), &[&base[..], extra].concat())
     };
     let one = dump("one", &["--workers", "1"]);
     let two = dump("two", &["--workers", "2"]);
@@ -326,20 +320,8 @@ fn fast_decode_stays_close_to_the_default() {
     let data = d.path().join("data");
     make_dataset(&data, 8, 4);
     let dump = |name: &str, extra: &[&str]| {
-        let out = d.path().join(name);
-        let mut args = vec![
-            "vision",
-            data.to_str().unwrap(),
-            "--transform",
-            "eval",
-            "--batch-size",
-            "8",
-            "--quiet",
-            "--dump",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        ok(&args);
+        let base = ["--transform", "eval", "--batch-size", "8"];
+        let out = dump_to(&data, d.path().join(name), &[&base[..], extra].concat());
         common::npy(&out.join("images_000000.npy")).2
     };
     let exact = dump("exact", &[]);

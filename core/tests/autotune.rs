@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use ferrofeed_core::prelude::*;
 use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::PipelineBuilder;
 
 mod common;
 use common::ff_threads;
@@ -38,6 +39,17 @@ fn pipeline(n: u64, autotune: bool, fetch_us: u64) -> Pipeline {
         .autotune(autotune)
         .autotune_max_workers(8)
         .autotune_interval(Duration::from_millis(10))
+        .collate(StackCollate::new().column::<i64>("x"))
+        .build()
+        .expect("valid plan")
+}
+
+/// `b` with a fast tuner (up to 6 workers, every 5 ms) and an `x` column.
+fn tuned(b: PipelineBuilder, batch_size: usize) -> Pipeline {
+    b.batch_size(batch_size)
+        .autotune(true)
+        .autotune_max_workers(6)
+        .autotune_interval(Duration::from_millis(5))
         .collate(StackCollate::new().column::<i64>("x"))
         .build()
         .expect("valid plan")
@@ -138,15 +150,9 @@ fn iterable_sources_and_early_drop() {
         }
     }
     let before = ff_threads();
-    let p = Pipeline::builder_iterable(Shards)
-        .map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x))
-        .batch_size(16)
-        .autotune(true)
-        .autotune_max_workers(6)
-        .autotune_interval(Duration::from_millis(5))
-        .collate(StackCollate::new().column::<i64>("x"))
-        .build()
-        .expect("valid plan");
+    let p =
+        Pipeline::builder_iterable(Shards).map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x));
+    let p = tuned(p, 16);
     for epoch in 0..2 {
         let mut all = batches(&p, epoch).concat();
         all.sort_unstable();
@@ -175,14 +181,8 @@ fn a_failing_sample_stops_the_epoch_and_the_next_one_runs() {
             }
             Ok(x)
         })
-        .map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x))
-        .batch_size(4)
-        .autotune(true)
-        .autotune_max_workers(6)
-        .autotune_interval(Duration::from_millis(5))
-        .collate(StackCollate::new().column::<i64>("x"))
-        .build()
-        .expect("valid plan");
+        .map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x));
+    let p = tuned(p, 4);
     let err = p.epoch(0).find_map(|b| b.err()).expect("epoch 0 fails");
     assert_eq!(err.index, Some(211));
     assert_eq!(err.stage, "fetch");
