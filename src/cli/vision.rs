@@ -11,6 +11,8 @@ use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOption
 use ferrofeed_stages::device::{PinMode, PinnedPool};
 use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
 use ferrofeed_vision::cache::ImageCache;
+use ferrofeed_vision::seek::ScanIndex;
+use ferrofeed_vision::transform::DEFAULT_SEEK_BYTES;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 
 use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
@@ -266,6 +268,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
             ..Default::default()
         },
         cache: a.vision.cache_bytes.map(ImageCache::new),
+        seek: Some(ScanIndex::new(DEFAULT_SEEK_BYTES)),
     };
     let c = &a.common;
     let resources = ferrofeed_core::resources::Resources::detect();
@@ -315,6 +318,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
             ..Default::default()
         },
         cache: None,
+        seek: None,
     };
     let pipeline = builder_for(&ds, stage, Parallelism::Fixed(1))
         .seed(a.seed)

@@ -46,6 +46,64 @@ static void ff_err_setup(struct jpeg_decompress_struct *cinfo, struct ff_err *er
   err->pub.output_message = ff_output_message;
 }
 
+/*
+ * A source of two memory segments read one after the other (a spliced
+ * stream: new headers and a synthetic row, then the rest of the original
+ * file); past the end it supplies an EOI and warns, as jpeg_mem_src does.
+ */
+struct ff_src {
+  struct jpeg_source_mgr pub;
+  const JOCTET *next;
+  size_t next_len;
+};
+
+static const JOCTET ff_eoi[2] = {0xFF, JPEG_EOI};
+
+static void ff_src_init(j_decompress_ptr cinfo) { (void)cinfo; }
+
+static boolean ff_src_fill(j_decompress_ptr cinfo) {
+  struct ff_src *s = (struct ff_src *)cinfo->src;
+  if (s->next != NULL && s->next_len > 0) {
+    s->pub.next_input_byte = s->next;
+    s->pub.bytes_in_buffer = s->next_len;
+    s->next = NULL;
+    s->next_len = 0;
+    return TRUE;
+  }
+  WARNMS(cinfo, JWRN_JPEG_EOF);
+  s->pub.next_input_byte = ff_eoi;
+  s->pub.bytes_in_buffer = 2;
+  return TRUE;
+}
+
+static void ff_src_skip(j_decompress_ptr cinfo, long n) {
+  struct ff_src *s = (struct ff_src *)cinfo->src;
+  if (n <= 0) return;
+  while (n > (long)s->pub.bytes_in_buffer) {
+    n -= (long)s->pub.bytes_in_buffer;
+    (void)ff_src_fill(cinfo);
+  }
+  s->pub.next_input_byte += n;
+  s->pub.bytes_in_buffer -= (size_t)n;
+}
+
+static void ff_src_term(j_decompress_ptr cinfo) { (void)cinfo; }
+
+static void ff_src_setup(j_decompress_ptr cinfo, struct ff_src *s, const unsigned char *a,
+                         unsigned long alen, const unsigned char *b, unsigned long blen) {
+  memset(s, 0, sizeof *s);
+  s->pub.init_source = ff_src_init;
+  s->pub.fill_input_buffer = ff_src_fill;
+  s->pub.skip_input_data = ff_src_skip;
+  s->pub.resync_to_restart = jpeg_resync_to_restart;
+  s->pub.term_source = ff_src_term;
+  s->pub.next_input_byte = a;
+  s->pub.bytes_in_buffer = alen;
+  s->next = b;
+  s->next_len = blen;
+  cinfo->src = &s->pub;
+}
+
 #define FF_OK 0
 #define FF_ERROR 1
 #define FF_UNSUPPORTED 2
@@ -75,7 +133,8 @@ int ff_jpeg_header(const unsigned char *data, unsigned long len, int *width,
 }
 
 /*
- * Decodes the region (x, y, w, h) of the full-resolution image at num/8
+ * Decodes the region (x, y, w, h) of the full-resolution image in the
+ * stream data[..len] followed by data2[..len2] at num/8
  * scale (num in 1..8; libjpeg-turbo scales in the IDCT). The delivered region starts at scaled column *out_x (aligned down
  * to an iMCU boundary by libjpeg) and row *out_y, and is *out_w by *out_h
  * RGB pixels, written with a stride of *out_w * 3 bytes into out. With
@@ -83,12 +142,14 @@ int ff_jpeg_header(const unsigned char *data, unsigned long len, int *width,
  * (faster, slightly less accurate than the defaults Pillow also uses).
  */
 int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
+                          const unsigned char *data2, unsigned long len2,
                           int num, int fast, int x, int y, int w, int h,
                           unsigned char *out, unsigned long out_cap,
                           int *out_x, int *out_y, int *out_w, int *out_h,
                           char *msg, unsigned long msg_cap) {
   struct jpeg_decompress_struct cinfo;
   struct ff_err err;
+  struct ff_src src;
   JDIMENSION sx, sy, ex, ey, xoff, cw, row;
   ff_err_setup(&cinfo, &err);
   if (setjmp(err.jump)) {
@@ -97,7 +158,7 @@ int ff_jpeg_decode_region(const unsigned char *data, unsigned long len,
     return FF_ERROR;
   }
   jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, data, len);
+  ff_src_setup(&cinfo, &src, data, len, data2, len2);
   jpeg_read_header(&cinfo, TRUE);
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     jpeg_destroy_decompress(&cinfo);

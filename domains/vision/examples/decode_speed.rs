@@ -4,7 +4,7 @@
 //! MODE runs one path only (to count instructions under callgrind):
 //! `zune` (zune-jpeg decode only: the "plain decode limit"), `decode`
 //! (default decoder, decode only), `train-fused`, `train-unfused`,
-//! `train-fast`, `eval-fused`, `eval-unfused`. Without MODE, all of them.
+//! `train-seek`, `train-indexed` (see `run`), `train-fast`, `eval-fused`, `eval-unfused`. Without MODE, all of them.
 use std::time::Instant;
 
 use ferrofeed_core::rng::sample_rng;
@@ -19,9 +19,22 @@ fn run(mode: &str, files: &[Vec<u8>]) -> f64 {
             ..Default::default()
         },
         cache: None,
+        seek: None,
     };
+    // Seeking through a scan index: `train-seek` marks rows afresh for
+    // every image (a first epoch), `train-indexed` times a second pass
+    // over images the first pass marked (later epochs).
+    let indexed = DecodeTransform {
+        seek: Some(ferrofeed_vision::seek::ScanIndex::new(64 << 20)),
+        ..stage(Transform::train(224), false)
+    };
+    if mode == "train-indexed" {
+        for (i, f) in files.iter().enumerate() {
+            assert!(indexed.run_keyed(f, Some(i as u64), &mut rng).is_ok());
+        }
+    }
     let t = Instant::now();
-    for f in files {
+    for (i, f) in files.iter().enumerate() {
         let ok = match mode {
             "zune" => decode(
                 f,
@@ -36,6 +49,8 @@ fn run(mode: &str, files: &[Vec<u8>]) -> f64 {
             "train-unfused" => stage(Transform::train(224), false)
                 .run_unfused(f, &mut rng)
                 .is_ok(),
+            "train-seek" => indexed.run(f, &mut rng).is_ok(),
+            "train-indexed" => indexed.run_keyed(f, Some(i as u64), &mut rng).is_ok(),
             "train-fast" => stage(Transform::train(224), true).run(f, &mut rng).is_ok(),
             "eval-fused" => stage(Transform::eval(256, 224), false)
                 .run(f, &mut rng)
@@ -68,6 +83,8 @@ fn main() {
             "decode",
             "train-fused",
             "train-unfused",
+            "train-seek",
+            "train-indexed",
             "train-fast",
             "eval-fused",
             "eval-unfused",

@@ -29,6 +29,7 @@ pub mod decode;
 pub mod image;
 pub mod libjpeg;
 pub mod resample;
+pub mod seek;
 pub mod synth;
 pub mod transform;
 

@@ -47,6 +47,8 @@ mod ffi {
         pub fn ff_jpeg_decode_region(
             data: *const c_uchar,
             len: c_ulong,
+            data2: *const c_uchar,
+            len2: c_ulong,
             num: c_int,
             fast: c_int,
             x: c_int,
@@ -155,6 +157,23 @@ pub fn decode_region_into(
     h: u32,
     buf: &mut Vec<u8>,
 ) -> Result<Option<RegionInfo>, String> {
+    decode_spliced_into(bytes, &[], num, fast, x, y, w, h, buf)
+}
+
+/// Like [`decode_region_into`] for a JPEG stream stored in two pieces,
+/// `head` then `rest` (a stand-in made by [`crate::seek::Layout::splice`]).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_spliced_into(
+    head: &[u8],
+    rest: &[u8],
+    num: u32,
+    fast: bool,
+    x: u32,
+    y: u32,
+    w: u32,
+    h: u32,
+    buf: &mut Vec<u8>,
+) -> Result<Option<RegionInfo>, String> {
     #[cfg(ff_libjpeg)]
     {
         if !(1..=8).contains(&num) {
@@ -175,8 +194,10 @@ pub fn decode_region_into(
         // against that; nothing is kept after the call.
         let rc = unsafe {
             ffi::ff_jpeg_decode_region(
-                bytes.as_ptr(),
-                bytes.len() as _,
+                head.as_ptr(),
+                head.len() as _,
+                rest.as_ptr(),
+                rest.len() as _,
                 num as i32,
                 i32::from(fast),
                 to_int(x)?,
@@ -207,7 +228,7 @@ pub fn decode_region_into(
     }
     #[cfg(not(ff_libjpeg))]
     {
-        let _ = (bytes, num, fast, x, y, w, h, buf);
+        let _ = (head, rest, num, fast, x, y, w, h, buf);
         Ok(None)
     }
 }

@@ -28,6 +28,8 @@ use rand::Rng;
 use crate::cache::ImageCache;
 use crate::decode::{decode, DecodeOptions};
 use crate::image::{Image, NormalizedImage};
+use crate::libjpeg::RegionInfo;
+use crate::seek::{Layout, ScanIndex};
 
 /// A crop rectangle in pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,7 +319,15 @@ pub struct DecodeTransform {
     pub decode: DecodeOptions,
     /// Decoded images kept across epochs.
     pub cache: Option<Arc<ImageCache>>,
+    /// Where each JPEG's rows start, kept across epochs so a crop's decode
+    /// starts at its first row (see [`crate::seek`]); `None` decodes from
+    /// the top every time.
+    pub seek: Option<Arc<ScanIndex>>,
 }
+
+/// The default byte cap of a [`DecodeTransform`]'s scan index: about
+/// 90,000 images of 500×375.
+pub const DEFAULT_SEEK_BYTES: usize = 32 << 20;
 
 impl DecodeTransform {
     /// With default decoder limits and no cache.
@@ -326,6 +336,7 @@ impl DecodeTransform {
             transform,
             decode: DecodeOptions::default(),
             cache: None,
+            seek: Some(ScanIndex::new(DEFAULT_SEEK_BYTES)),
         }
     }
 
@@ -358,7 +369,18 @@ impl DecodeTransform {
     /// else decode then transform. Both draw the same random numbers in the
     /// same order, so they pick the same crop and flip.
     pub fn run(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Image, BoxError> {
-        if let Some(img) = self.run_fused(bytes, rng)? {
+        self.run_keyed(bytes, None, rng)
+    }
+
+    /// [`run`](Self::run) for dataset sample `key`, whose row marks the
+    /// scan index keeps.
+    pub fn run_keyed(
+        &self,
+        bytes: &[u8],
+        key: Option<u64>,
+        rng: &mut impl Rng,
+    ) -> Result<Image, BoxError> {
+        if let Some(img) = self.fused(bytes, key, rng)? {
             return Ok(img);
         }
         self.run_unfused(bytes, rng)
@@ -377,6 +399,65 @@ impl DecodeTransform {
     /// it does not apply (not a JPEG, EXIF-rotated, CMYK, no libjpeg, or no
     /// transform).
     pub fn run_fused(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Option<Image>, BoxError> {
+        self.fused(bytes, None, rng)
+    }
+
+    /// Decodes the region `(x, y, w, h)` starting at the iMCU row above it
+    /// rather than at the top of the image, when the JPEG's layout allows
+    /// (see [`crate::seek`]); `None` when it does not, or when anything
+    /// fails — the ordinary decode then runs and reports real errors.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_seeking(
+        &self,
+        bytes: &[u8],
+        key: Option<u64>,
+        num: u32,
+        (x, y, w, h): (u32, u32, u32, u32),
+        buf: &mut Vec<u8>,
+    ) -> Option<RegionInfo> {
+        let index = self.seek.as_ref()?;
+        let layout = Layout::parse(bytes)?;
+        // Two output rows above the region keep their real neighbours for
+        // libjpeg's chroma upsampling, and two below.
+        let margin = 16 / num;
+        let row_px = layout.row_px();
+        if y < margin + 2 * row_px {
+            return None;
+        }
+        let row = (y - margin) / row_px;
+        let end = (y + h + margin).div_ceil(row_px).min(layout.rows());
+        let mark = match key {
+            Some(key) => index.mark(key, bytes, &layout, row)?,
+            None => {
+                let mut marks = vec![crate::seek::Mark::start(&layout)];
+                layout.scan(bytes, &mut marks, row)?;
+                *marks.get(row as usize)?
+            }
+        };
+        let (head, tail) = layout.splice(bytes, &mark, row, end)?;
+        let off = (row - 1) * row_px;
+        let mut info = crate::libjpeg::decode_spliced_into(
+            &head,
+            bytes.get(tail..)?,
+            num,
+            self.decode.fast,
+            x,
+            y - off,
+            w,
+            h,
+            buf,
+        )
+        .ok()??;
+        info.y += off * num / 8;
+        Some(info)
+    }
+
+    fn fused(
+        &self,
+        bytes: &[u8],
+        key: Option<u64>,
+        rng: &mut impl Rng,
+    ) -> Result<Option<Image>, BoxError> {
         use crate::decode::{
             check_pixels, has_eoi_or_data, is_jpeg, jpeg_header, Backend, DecodeError,
         };
@@ -450,19 +531,26 @@ impl DecodeTransform {
             .unwrap_or(8);
         REGION.with(|buf| -> Result<Option<Image>, BoxError> {
             let mut buf = buf.borrow_mut();
-            let Some(r) = crate::libjpeg::decode_region_into(
-                bytes,
-                num,
-                self.decode.fast,
-                x0,
-                y0,
-                x1 - x0,
-                y1 - y0,
-                &mut buf,
-            )
-            .map_err(DecodeError::Jpeg)?
-            else {
-                return Ok(None);
+            let rect = (x0, y0, x1 - x0, y1 - y0);
+            let r = match self.decode_seeking(bytes, key, num, rect, &mut buf) {
+                Some(r) => r,
+                None => {
+                    let Some(r) = crate::libjpeg::decode_region_into(
+                        bytes,
+                        num,
+                        self.decode.fast,
+                        x0,
+                        y0,
+                        x1 - x0,
+                        y1 - y0,
+                        &mut buf,
+                    )
+                    .map_err(DecodeError::Jpeg)?
+                    else {
+                        return Ok(None);
+                    };
+                    r
+                }
             };
             let d = 8.0 / f64::from(num);
             let (rx, ry) = (f64::from(r.x), f64::from(r.y));
@@ -489,7 +577,7 @@ impl Stage for DecodeTransform {
     fn process(&self, bytes: Bytes, ctx: &StageCtx) -> Result<Image, BoxError> {
         match &self.cache {
             Some(cache) => self.run_cached(cache, ctx.index(), &bytes, &mut ctx.rng()),
-            None => self.run(&bytes, &mut ctx.rng()),
+            None => self.run_keyed(&bytes, Some(ctx.index()), &mut ctx.rng()),
         }
     }
 }
@@ -538,6 +626,125 @@ impl Stage for Normalize {
 mod tests {
     use super::*;
     use ferrofeed_core::rng::sample_rng;
+
+    fn encode(seed: u64, quality: u8, sampling: jpeg_encoder::SamplingFactor) -> Vec<u8> {
+        let img = crate::synth::image(seed, seed);
+        let mut out = Vec::new();
+        let mut enc = jpeg_encoder::Encoder::new(&mut out, quality);
+        enc.set_sampling_factor(sampling);
+        enc.encode(
+            &img.data,
+            img.width as u16,
+            img.height as u16,
+            jpeg_encoder::ColorType::Rgb,
+        )
+        .unwrap();
+        out
+    }
+
+    /// Every region decoded from its iMCU row through the scan index has
+    /// the same position and the same pixels as one decoded from the top:
+    /// all chroma layouts, grayscale, every IDCT scale, standard and
+    /// optimised Huffman tables, first and later passes.
+    #[test]
+    fn seeking_decodes_the_same_pixels_as_decoding_from_the_top() {
+        if !crate::libjpeg::AVAILABLE {
+            return;
+        }
+        use jpeg_encoder::SamplingFactor as S;
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/vision/");
+        let mut files: Vec<(String, Vec<u8>)> = [
+            "baseline_420",
+            "s422",
+            "s444",
+            "gray",
+            "eval_landscape",
+            "optimized",
+        ]
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                std::fs::read(format!("{dir}{n}.jpg")).unwrap(),
+            )
+        })
+        .collect();
+        for (i, (q, smp)) in [
+            (90, S::F_2_2),
+            (100, S::F_2_2),
+            (30, S::F_2_1),
+            (75, S::F_1_1),
+            (50, S::F_1_2),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            files.push((format!("synth q{q} {smp:?}"), encode(i as u64, q, smp)));
+        }
+        let stage = DecodeTransform::new(Transform::train(8));
+        let mut rng = sample_rng(3);
+        let (mut seeked, mut indexed) = (0, 0);
+        for (key, (name, bytes)) in files.iter().enumerate() {
+            let layout = Layout::parse(bytes).unwrap_or_else(|| panic!("{name}: not seekable"));
+            let (w, h) = (layout_size(bytes).0, layout_size(bytes).1);
+            for pass in 0..2 {
+                for _ in 0..60 {
+                    let num = [1, 2, 4, 8][rng.random_range(0..4)];
+                    let y = rng.random_range(0..h - 1);
+                    let x = rng.random_range(0..w - 1);
+                    let rect = (
+                        x,
+                        y,
+                        rng.random_range(1..=w - x),
+                        rng.random_range(1..=h - y),
+                    );
+                    let mut a = Vec::new();
+                    let want = crate::libjpeg::decode_region_into(
+                        bytes, num, false, rect.0, rect.1, rect.2, rect.3, &mut a,
+                    )
+                    .unwrap()
+                    .unwrap();
+                    let key = (pass == 1).then_some(key as u64);
+                    let mut b = Vec::new();
+                    let Some(got) = stage.decode_seeking(bytes, key, num, rect, &mut b) else {
+                        assert!(
+                            rect.1 < 16 / num + 2 * layout.row_px(),
+                            "{name}: no seek for {rect:?} at {num}/8"
+                        );
+                        continue;
+                    };
+                    seeked += 1;
+                    indexed += usize::from(pass == 1);
+                    assert_eq!(got, want, "{name}: {rect:?} at {num}/8");
+                    let n = (want.width * want.height * 3) as usize;
+                    assert!(
+                        a[..n] == b[..n],
+                        "{name}: pixels differ for {rect:?} at {num}/8"
+                    );
+                }
+            }
+        }
+        assert!(
+            seeked > 300 && indexed > 150,
+            "{seeked} seeks, {indexed} through the index"
+        );
+        let index = stage.seek.as_ref().unwrap();
+        assert!(index.hits() > 0 && index.bytes() > 0);
+    }
+
+    fn layout_size(bytes: &[u8]) -> (u32, u32) {
+        let h = crate::decode::jpeg_header(bytes);
+        (h.width, h.height)
+    }
+
+    #[test]
+    fn layouts_that_cannot_be_seeked_are_refused() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/vision/");
+        for n in ["restart", "progressive", "cmyk", "empty", "not_an_image"] {
+            let bytes = std::fs::read(format!("{dir}{n}.jpg")).unwrap();
+            assert!(Layout::parse(&bytes).is_none(), "{n}");
+        }
+    }
 
     #[test]
     fn rrc_boxes_respect_scale_and_ratio() {

@@ -149,6 +149,7 @@ fn eval_matches_torchvision_resize_and_center_crop() {
                     ..Default::default()
                 },
                 cache: None,
+                seek: None,
             };
             let mut rng = sample_rng(0);
             let fused = stage.run(&bytes, &mut rng).unwrap();

@@ -45,6 +45,8 @@ tmp=$(mktemp -d)
 cp "$tmp/ds/class_00/img_000000.jpg" eval_landscape.jpg
 convert "$tmp/ds/class_01/img_000001.jpg" -rotate 90 -quality 90 -sampling-factor 2x2 eval_portrait.jpg
 rm -rf "$tmp"
+# Huffman tables fitted to the image (only the symbols it uses).
+djpeg eval_landscape.jpg | cjpeg -quality 85 -optimize > optimized.jpg
 # Hostile inputs.
 head -c $(( $(stat -c %s baseline_420.jpg) / 2 )) baseline_420.jpg > truncated.jpg
 : > empty.jpg

@@ -1,0 +1,885 @@
+//! Seeking inside a baseline JPEG's entropy-coded data, so a crop low in the
+//! image does not pay for Huffman-decoding every row above it on every epoch.
+//!
+//! Without restart markers a JPEG can only be read from the start: each
+//! block's DC coefficient is coded as a difference from the previous block
+//! of its component, and block boundaries are found only by decoding. A
+//! [`ScanIndex`] remembers, per image, where each iMCU row (a band of 8 or
+//! 16 pixel rows) starts — byte, bit, and the DC predictors there — as
+//! [`Mark`]s. To decode a region starting at row `r`, a short stand-in JPEG
+//! is made ([`Layout::splice`]): the original headers with the height cut
+//! down, one synthetic iMCU row whose blocks carry nothing but the DC values
+//! row `r` expects (and a few padding coefficients so the row ends on the
+//! same bit offset as the real data), then the original bytes from row `r`
+//! on, untouched. libjpeg decodes that as usual and skips the synthetic row;
+//! the pixels of the real rows are bit-identical to a full decode.
+//!
+//! Marks come from a skip-only parse ([`Layout::scan`]) that decodes Huffman
+//! symbols without storing coefficients. It runs only over rows no mark yet
+//! covers, so after the first epoch over an image its rows above a crop cost
+//! nothing. Anything outside the supported layout (progressive, restart
+//! markers, arithmetic coding, more than one scan, 12-bit) gives `None`, and
+//! the caller decodes the ordinary way.
+//!
+//! ```
+//! use ferrofeed_vision::seek::{Layout, Mark};
+//! let jpeg = ferrofeed_vision::synth::jpeg(3, 1, 90).unwrap();
+//! let layout = Layout::parse(&jpeg).expect("a baseline JPEG");
+//! assert_eq!(layout.row_px(), 16); // 4:2:0: iMCU rows of 16 pixel rows
+//! let mut marks = vec![Mark::start(&layout)];
+//! layout.scan(&jpeg, &mut marks, 5).unwrap();
+//! assert_eq!(marks.len(), 6); // the starts of rows 0..=5
+//! let (prefix, tail) = layout.splice(&jpeg, &marks[5], 5, 8).unwrap();
+//! // A 4-row image: the synthetic row, then rows 5, 6 and 7.
+//! assert_eq!(u16::from_be_bytes([prefix[layout.height_at()], prefix[layout.height_at() + 1]]), 4 * 16);
+//! assert!(tail > layout.data_start() && tail < jpeg.len());
+//! ```
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Bits looked up at once when decoding a Huffman symbol.
+const LUT_BITS: u32 = 9;
+
+/// One Huffman table: a lookup for codes up to [`LUT_BITS`] long, the
+/// canonical limits for longer ones, and the code of each symbol.
+#[derive(Clone)]
+struct Huff {
+    /// `(length << 8) | symbol` for every `LUT_BITS`-bit prefix whose code
+    /// is that short; 0 when the code is longer.
+    lut: Vec<u16>,
+    /// Largest code of each length (−1 when none).
+    maxcode: [i32; 17],
+    /// Index into `vals` of the first code of each length, minus that code.
+    delta: [i32; 17],
+    vals: Vec<u8>,
+    /// `(code, length)` per symbol; length 0 when the symbol is absent.
+    enc: Vec<(u16, u8)>,
+}
+
+impl Huff {
+    /// A table with no codes (a slot no DHT filled).
+    fn empty() -> Huff {
+        Huff {
+            lut: vec![0; 1 << LUT_BITS],
+            maxcode: [-1; 17],
+            delta: [0; 17],
+            vals: Vec::new(),
+            enc: vec![(0, 0); 256],
+        }
+    }
+
+    /// From a DHT's 16 counts and its symbols; `None` when the counts
+    /// overflow the code space.
+    fn new(counts: &[u8], vals: &[u8]) -> Option<Huff> {
+        let mut h = Huff {
+            lut: vec![0; 1 << LUT_BITS],
+            maxcode: [-1; 17],
+            delta: [0; 17],
+            vals: vals.to_vec(),
+            enc: vec![(0, 0); 256],
+        };
+        let mut code: u32 = 0;
+        let mut k = 0usize;
+        for len in 1..=16u32 {
+            let n = usize::from(counts[len as usize - 1]);
+            if n > 0 {
+                h.delta[len as usize] = k as i32 - code as i32;
+                for _ in 0..n {
+                    if code >= 1 << len || k >= vals.len() {
+                        return None;
+                    }
+                    let sym = vals[k];
+                    h.enc[usize::from(sym)] = (code as u16, len as u8);
+                    if len <= LUT_BITS {
+                        let shift = LUT_BITS - len;
+                        let first = (code << shift) as usize;
+                        for e in &mut h.lut[first..first + (1 << shift)] {
+                            *e = ((len as u16) << 8) | u16::from(sym);
+                        }
+                    }
+                    code += 1;
+                    k += 1;
+                }
+                h.maxcode[len as usize] = code as i32 - 1;
+            }
+            code <<= 1;
+        }
+        Some(h)
+    }
+}
+
+/// A component of the scan: sampling factors and table choices.
+#[derive(Clone, Copy, Debug, Default)]
+struct Comp {
+    h: u32,
+    v: u32,
+    dc: usize,
+    ac: usize,
+}
+
+/// The frame and scan of a baseline JPEG that can be seeked: one scan
+/// holding every component (one, or three), Huffman-coded, 8-bit, no
+/// restart interval.
+#[derive(Clone)]
+pub struct Layout {
+    data_start: usize,
+    height_at: usize,
+    width: u32,
+    height: u32,
+    comps: Vec<Comp>,
+    dc: Vec<Huff>,
+    ac: Vec<Huff>,
+    mcus_per_row: u32,
+    rows: u32,
+    row_px: u32,
+}
+
+impl std::fmt::Debug for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layout")
+            .field("width", &self.width)
+            .field("height", &self.height)
+            .field("comps", &self.comps)
+            .field("mcus_per_row", &self.mcus_per_row)
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+/// Where an iMCU row's data starts, and the DC predictors there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// Byte offset in the file of the row's first bit.
+    pub byte: u32,
+    /// Bits of that byte that belong to the row before (0–7).
+    pub bit: u8,
+    /// Each component's DC predictor.
+    pub dc: [i16; 3],
+}
+
+impl Mark {
+    /// The start of the image data: row 0.
+    pub fn start(layout: &Layout) -> Mark {
+        Mark {
+            byte: layout.data_start as u32,
+            bit: 0,
+            dc: [0; 3],
+        }
+    }
+}
+
+impl Layout {
+    /// Reads the markers up to the scan; `None` when the file is not a
+    /// JPEG this module can seek in.
+    pub fn parse(bytes: &[u8]) -> Option<Layout> {
+        let mut dc: [Option<Huff>; 4] = [None, None, None, None];
+        let mut ac: [Option<Huff>; 4] = [None, None, None, None];
+        // (offset of the height, width, height, (id, h, v) per component)
+        type Frame = (usize, u32, u32, Vec<(u8, u32, u32)>);
+        let mut frame: Option<Frame> = None;
+        if bytes.get(..2)? != [0xFF, 0xD8] {
+            return None;
+        }
+        let mut i = 2;
+        loop {
+            if *bytes.get(i)? != 0xFF {
+                return None;
+            }
+            let marker = *bytes.get(i + 1)?;
+            if marker == 0xFF {
+                i += 1;
+                continue;
+            }
+            let len = usize::from(u16::from_be_bytes([*bytes.get(i + 2)?, *bytes.get(i + 3)?]));
+            let seg = bytes.get(i + 4..i + 2 + len)?;
+            if len < 2 {
+                return None;
+            }
+            match marker {
+                // Baseline and extended sequential Huffman frames.
+                0xC0 | 0xC1 => {
+                    if frame.is_some() || seg.len() < 6 || seg[0] != 8 {
+                        return None;
+                    }
+                    let height = u32::from(u16::from_be_bytes([seg[1], seg[2]]));
+                    let width = u32::from(u16::from_be_bytes([seg[3], seg[4]]));
+                    let n = usize::from(seg[5]);
+                    if !(n == 1 || n == 3) || seg.len() < 6 + 3 * n || width == 0 || height == 0 {
+                        return None;
+                    }
+                    let comps = (0..n)
+                        .map(|c| {
+                            let s = &seg[6 + 3 * c..9 + 3 * c];
+                            (s[0], u32::from(s[1] >> 4), u32::from(s[1] & 15))
+                        })
+                        .collect();
+                    frame = Some((i + 5, width, height, comps));
+                }
+                // Any other frame type (progressive, lossless, arithmetic).
+                0xC2..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => return None,
+                0xC4 => {
+                    let mut s = seg;
+                    while !s.is_empty() {
+                        let (class, id) = (s[0] >> 4, usize::from(s[0] & 15));
+                        let counts = s.get(1..17)?;
+                        let n: usize = counts.iter().map(|&c| usize::from(c)).sum();
+                        let vals = s.get(17..17 + n)?;
+                        if id > 3 || class > 1 {
+                            return None;
+                        }
+                        let t = Huff::new(counts, vals)?;
+                        if class == 0 {
+                            dc[id] = Some(t);
+                        } else {
+                            ac[id] = Some(t);
+                        }
+                        s = &s[17 + n..];
+                    }
+                }
+                // A restart interval other than 0 resets the predictors:
+                // not handled here.
+                0xDD if seg.len() < 2 || u16::from_be_bytes([seg[0], seg[1]]) != 0 => return None,
+                0xDA => {
+                    let (height_at, width, height, fcomps) = frame?;
+                    let ns = usize::from(*seg.first()?);
+                    if ns != fcomps.len() || seg.len() < 1 + 2 * ns + 3 {
+                        return None;
+                    }
+                    // Spectral selection and approximation must be baseline's.
+                    let tail = &seg[1 + 2 * ns..];
+                    if tail[0] != 0 || tail[1] != 63 || tail[2] != 0 {
+                        return None;
+                    }
+                    let hmax = fcomps.iter().map(|c| c.1).max()?;
+                    let vmax = fcomps.iter().map(|c| c.2).max()?;
+                    let mut comps = Vec::with_capacity(ns);
+                    for (k, &(id, h, v)) in fcomps.iter().enumerate() {
+                        let sel = &seg[1 + 2 * k..3 + 2 * k];
+                        if sel[0] != id || !(1..=4).contains(&h) || !(1..=4).contains(&v) {
+                            return None;
+                        }
+                        let (td, ta) = (usize::from(sel[1] >> 4), usize::from(sel[1] & 15));
+                        if dc.get(td)?.is_none() || ac.get(ta)?.is_none() {
+                            return None;
+                        }
+                        comps.push(Comp {
+                            h,
+                            v,
+                            dc: td,
+                            ac: ta,
+                        });
+                    }
+                    let blocks: u32 = comps.iter().map(|c| c.h * c.v).sum();
+                    if blocks > 10 || (ns == 1 && (hmax != 1 || vmax != 1)) {
+                        return None;
+                    }
+                    let row_px = 8 * vmax;
+                    return Some(Layout {
+                        data_start: i + 2 + len,
+                        height_at,
+                        width,
+                        height,
+                        comps,
+                        dc: dc
+                            .into_iter()
+                            .map(|t| t.unwrap_or_else(Huff::empty))
+                            .collect(),
+                        ac: ac
+                            .into_iter()
+                            .map(|t| t.unwrap_or_else(Huff::empty))
+                            .collect(),
+                        mcus_per_row: width.div_ceil(8 * hmax),
+                        rows: height.div_ceil(row_px),
+                        row_px,
+                    });
+                }
+                // A second frame, end of image, or a bare marker here.
+                0xD8 | 0xD9 | 0x01 | 0xD0..=0xD7 => return None,
+                _ => {}
+            }
+            i += 2 + len;
+        }
+    }
+
+    /// Pixel rows per iMCU row (8 × the largest vertical sampling factor).
+    pub fn row_px(&self) -> u32 {
+        self.row_px
+    }
+
+    /// iMCU rows in the image.
+    pub fn rows(&self) -> u32 {
+        self.rows
+    }
+
+    /// Offset of the first byte of entropy-coded data.
+    pub fn data_start(&self) -> usize {
+        self.data_start
+    }
+
+    /// Offset of the frame header's 16-bit height.
+    pub fn height_at(&self) -> usize {
+        self.height_at
+    }
+
+    /// Extends `marks` (the starts of rows `0..marks.len()`, at least row
+    /// 0's) until it holds the start of row `upto` (so `upto + 1` marks),
+    /// parsing only the rows after the last mark. `None` when the data is
+    /// corrupt or ends first.
+    pub fn scan(&self, bytes: &[u8], marks: &mut Vec<Mark>, upto: u32) -> Option<()> {
+        let upto = upto.min(self.rows.saturating_sub(1)) as usize;
+        let last = *marks.last()?;
+        if marks.len() > upto {
+            return Some(());
+        }
+        let mut r = Reader::at(bytes, last.byte as usize, last.bit)?;
+        let mut pred = [
+            i32::from(last.dc[0]),
+            i32::from(last.dc[1]),
+            i32::from(last.dc[2]),
+        ];
+        while marks.len() <= upto {
+            for _ in 0..self.mcus_per_row {
+                for (c, comp) in self.comps.iter().enumerate() {
+                    for _ in 0..comp.h * comp.v {
+                        pred[c] += r.skip_block(&self.dc[comp.dc], &self.ac[comp.ac])?;
+                    }
+                }
+            }
+            let (byte, bit) = r.position()?;
+            let dc = [pred[0], pred[1], pred[2]].map(|p| p as i16);
+            if pred.iter().any(|&p| i32::from(p as i16) != p) {
+                return None;
+            }
+            marks.push(Mark {
+                byte: byte as u32,
+                bit,
+                dc,
+            });
+        }
+        Some(())
+    }
+
+    /// A stand-in JPEG for rows `row..end` of the image, whose data starts
+    /// at `mark`: the headers with the height cut to `end - row + 1` iMCU
+    /// rows (or to the image's end), one synthetic row that leaves the DC
+    /// predictors at `mark.dc` and ends on `mark.bit`, and the first byte of
+    /// the real data merged into it. Returns that prefix and the offset in
+    /// `bytes` where the rest of the stand-in continues, unchanged. Row
+    /// `row - 1` of the original becomes the synthetic row, so pixel rows
+    /// shift up by `(row - 1) × row_px`. `None` when the tables cannot code
+    /// what the synthetic row needs.
+    pub fn splice(
+        &self,
+        bytes: &[u8],
+        mark: &Mark,
+        row: u32,
+        end: u32,
+    ) -> Option<(Vec<u8>, usize)> {
+        if row == 0 || row >= end || end > self.rows {
+            return None;
+        }
+        let top = (row - 1) * self.row_px;
+        let height = (end * self.row_px).min(self.height) - top;
+        let mut out = Vec::with_capacity(self.data_start + 256);
+        out.extend_from_slice(bytes.get(..self.data_start)?);
+        out[self.height_at..self.height_at + 2]
+            .copy_from_slice(&u16::try_from(height).ok()?.to_be_bytes());
+        let mut w = Writer { out, acc: 0, n: 0 };
+
+        // DC differences per block of the synthetic row, per component.
+        let mut diffs: Vec<Vec<i32>> = Vec::with_capacity(self.comps.len());
+        for (c, comp) in self.comps.iter().enumerate() {
+            let blocks = (self.mcus_per_row * comp.h * comp.v) as usize;
+            diffs.push(dc_steps(&self.dc[comp.dc], i32::from(mark.dc[c]), blocks)?);
+        }
+        // Length so far, then padding coefficients to land on `mark.bit`.
+        let mut bits = 0u64;
+        for (c, comp) in self.comps.iter().enumerate() {
+            let eob = self.ac[comp.ac].enc[0].1;
+            if eob == 0 {
+                return None;
+            }
+            for &d in &diffs[c] {
+                let cat = category(d);
+                bits += u64::from(self.dc[comp.dc].enc[cat as usize].1)
+                    + u64::from(cat)
+                    + u64::from(eob);
+            }
+        }
+        let need = (u64::from(mark.bit) + 8 - bits % 8) % 8;
+        let pads = padding(&self.ac[self.comps[0].ac], need as u32)?;
+
+        // Emit: MCU by MCU, each component's blocks in order.
+        let mut next = vec![0usize; self.comps.len()];
+        let mut pads = pads.into_iter();
+        for _ in 0..self.mcus_per_row {
+            for (c, comp) in self.comps.iter().enumerate() {
+                let (dct, act) = (&self.dc[comp.dc], &self.ac[comp.ac]);
+                for _ in 0..comp.h * comp.v {
+                    let d = diffs[c][next[c]];
+                    next[c] += 1;
+                    let cat = category(d);
+                    w.put(dct.enc[cat as usize], cat, d);
+                    // At most one padding coefficient per block, in the
+                    // first component's blocks (coefficient 1).
+                    if c == 0 {
+                        if let Some(sym) = pads.next() {
+                            let size = u32::from(sym & 15);
+                            w.put(act.enc[usize::from(sym)], size, 1);
+                        }
+                    }
+                    w.put(act.enc[0], 0, 0);
+                }
+            }
+        }
+        if pads.next().is_some() {
+            return None;
+        }
+        // Merge with the first byte of the real data.
+        let at = mark.byte as usize;
+        let first = *bytes.get(at)?;
+        let mut tail = at;
+        if mark.bit > 0 {
+            let keep = 8 - u32::from(mark.bit);
+            w.put_raw(u64::from(first) & ((1 << keep) - 1), keep);
+            tail = at + if first == 0xFF { 2 } else { 1 };
+        }
+        if w.n != 0 {
+            return None; // the lengths did not add up
+        }
+        Some((w.out, tail))
+    }
+}
+
+/// The magnitude category of a DC difference (its bit length).
+fn category(d: i32) -> u32 {
+    32 - d.unsigned_abs().leading_zeros()
+}
+
+/// DC differences for `blocks` blocks summing to `target`, using only the
+/// categories the table can code; `None` when it cannot.
+fn dc_steps(t: &Huff, target: i32, blocks: usize) -> Option<Vec<i32>> {
+    let has = |cat: u32| t.enc.get(cat as usize).is_some_and(|e| e.1 > 0);
+    let mut out = Vec::with_capacity(blocks);
+    let mut rest = target;
+    while rest != 0 {
+        let cat = category(rest);
+        let step = if has(cat) {
+            rest
+        } else {
+            // The largest codable category below; several steps then.
+            let c = (1..cat).rev().find(|&c| has(c))?;
+            rest.signum() * ((1 << c) - 1)
+        };
+        out.push(step);
+        rest -= step;
+        if out.len() > blocks {
+            return None;
+        }
+    }
+    if out.len() < blocks && !has(0) {
+        return None;
+    }
+    out.resize(blocks, 0);
+    Some(out)
+}
+
+/// AC symbols (run 0) whose codes plus value bits add `need` bits modulo 8,
+/// fewest first; `None` when the table has none that do.
+fn padding(t: &Huff, need: u32) -> Option<Vec<u8>> {
+    if need == 0 {
+        return Some(Vec::new());
+    }
+    // Breadth-first over residues: from[r] = (previous residue, symbol).
+    let mut from: [Option<(u32, u8)>; 8] = [None; 8];
+    let mut frontier = vec![0u32];
+    let mut seen = [false; 8];
+    seen[0] = true;
+    while !frontier.is_empty() && !seen[need as usize] {
+        let mut nextf = Vec::new();
+        for &r in &frontier {
+            for size in 1..=10u8 {
+                let e = t.enc[usize::from(size)];
+                if e.1 == 0 {
+                    continue;
+                }
+                let to = (r + u32::from(e.1) + u32::from(size)) % 8;
+                if !seen[to as usize] {
+                    seen[to as usize] = true;
+                    from[to as usize] = Some((r, size));
+                    nextf.push(to);
+                }
+            }
+        }
+        frontier = nextf;
+    }
+    let mut path = Vec::new();
+    let mut r = need;
+    while r != 0 {
+        let (prev, sym) = from[r as usize]?;
+        path.push(sym);
+        r = prev;
+    }
+    Some(path)
+}
+
+/// Writes Huffman codes and value bits, stuffing a zero after each 0xFF.
+struct Writer {
+    out: Vec<u8>,
+    acc: u64,
+    n: u32,
+}
+
+impl Writer {
+    /// A code, then `size` bits of the value `v` (JPEG's one's-complement
+    /// form for negatives).
+    fn put(&mut self, code: (u16, u8), size: u32, v: i32) {
+        self.put_raw(u64::from(code.0), u32::from(code.1));
+        if size > 0 {
+            let bits = if v < 0 { v - 1 } else { v } as u64 & ((1 << size) - 1);
+            self.put_raw(bits, size);
+        }
+    }
+
+    fn put_raw(&mut self, bits: u64, n: u32) {
+        self.acc = (self.acc << n) | bits;
+        self.n += n;
+        while self.n >= 8 {
+            let b = (self.acc >> (self.n - 8)) as u8;
+            self.out.push(b);
+            if b == 0xFF {
+                self.out.push(0);
+            }
+            self.n -= 8;
+        }
+        self.acc &= (1 << self.n) - 1;
+    }
+}
+
+/// Reads entropy-coded bits: 0xFF 0x00 is a data 0xFF; any other marker
+/// ends the data, after which zeros are read and counted.
+struct Reader<'a> {
+    data: &'a [u8],
+    /// Next byte to load.
+    pos: usize,
+    /// Unread bits, most significant first.
+    acc: u64,
+    n: u32,
+    /// Zero bits loaded past the end of the data.
+    pad: u32,
+}
+
+impl<'a> Reader<'a> {
+    fn at(data: &'a [u8], byte: usize, bit: u8) -> Option<Reader<'a>> {
+        let mut r = Reader {
+            data,
+            pos: byte,
+            acc: 0,
+            n: 0,
+            pad: 0,
+        };
+        r.refill();
+        if bit > 7 || r.n < u32::from(bit) || r.pad > 0 && r.n - r.pad < u32::from(bit) {
+            return None;
+        }
+        r.consume(u32::from(bit));
+        Some(r)
+    }
+
+    #[inline(always)]
+    fn refill(&mut self) {
+        while self.n <= 56 {
+            if self.pad == 0 {
+                if let Some(w) = self.data.get(self.pos..self.pos + 8) {
+                    let w = u64::from_be_bytes(w.try_into().unwrap_or([0xFF; 8]));
+                    // No 0xFF byte among the eight: take whole bytes at once.
+                    let ones = !w;
+                    if (ones.wrapping_sub(0x0101_0101_0101_0101) & !ones & 0x8080_8080_8080_8080)
+                        == 0
+                    {
+                        let k = (64 - self.n) / 8;
+                        let take = 8 * k;
+                        self.acc |= (w >> (64 - take)) << (64 - self.n - take);
+                        self.n += take;
+                        self.pos += k as usize;
+                        continue;
+                    }
+                }
+            }
+            let mut b = 0u8;
+            if self.pad == 0 {
+                match self.data.get(self.pos) {
+                    Some(&0xFF) => {
+                        if self.data.get(self.pos + 1) == Some(&0) {
+                            b = 0xFF;
+                            self.pos += 2;
+                        } else {
+                            self.pad += 8;
+                        }
+                    }
+                    Some(&v) => {
+                        b = v;
+                        self.pos += 1;
+                    }
+                    None => self.pad += 8,
+                }
+            } else {
+                self.pad += 8;
+            }
+            self.acc |= u64::from(b) << (56 - self.n);
+            self.n += 8;
+        }
+    }
+
+    #[inline(always)]
+    fn consume(&mut self, n: u32) {
+        self.acc <<= n;
+        self.n -= n;
+    }
+
+    #[inline(always)]
+    fn symbol(&mut self, t: &Huff) -> Option<u8> {
+        let e = t.lut[(self.acc >> (64 - LUT_BITS)) as usize];
+        if e != 0 {
+            self.consume(u32::from(e >> 8));
+            return Some(e as u8);
+        }
+        for len in LUT_BITS + 1..=16 {
+            let code = (self.acc >> (64 - len)) as i32;
+            if code <= t.maxcode[len as usize] {
+                self.consume(len);
+                return t.vals.get((t.delta[len as usize] + code) as usize).copied();
+            }
+        }
+        None
+    }
+
+    /// Skips one block; returns its DC difference.
+    #[inline(always)]
+    fn skip_block(&mut self, dc: &Huff, ac: &Huff) -> Option<i32> {
+        if self.n < 32 {
+            self.refill();
+        }
+        let s = u32::from(self.symbol(dc)?);
+        if s > 11 {
+            return None;
+        }
+        let diff = if s == 0 {
+            0
+        } else {
+            let v = (self.acc >> (64 - s)) as i32;
+            self.consume(s);
+            if v < 1 << (s - 1) {
+                v - (1 << s) + 1
+            } else {
+                v
+            }
+        };
+        let mut k = 1u32;
+        while k < 64 {
+            if self.n < 32 {
+                self.refill();
+            }
+            let rs = self.symbol(ac)?;
+            let (run, size) = (u32::from(rs >> 4), u32::from(rs & 15));
+            if size == 0 {
+                if run != 15 {
+                    break;
+                }
+                k += 16;
+            } else {
+                self.consume(size);
+                k += run + 1;
+            }
+        }
+        if self.pad > 0 && self.pad > self.n {
+            return None; // read past the end of the data
+        }
+        Some(diff)
+    }
+
+    /// The file offset of the next unread bit, and how many bits of that
+    /// byte were already read.
+    fn position(&self) -> Option<(usize, u8)> {
+        if self.pad > self.n {
+            return None;
+        }
+        let real = self.n - self.pad;
+        let mut j = self.pos;
+        for _ in 0..real.div_ceil(8) {
+            j = j.checked_sub(1)?;
+            // A zero after 0xFF is stuffing: the data byte is the 0xFF.
+            if self.data[j] == 0 && j > 0 && self.data[j - 1] == 0xFF {
+                j -= 1;
+            }
+        }
+        Some((j, ((8 - real % 8) % 8) as u8))
+    }
+}
+
+/// Row marks per dataset sample, shared by a stage's workers, bounded in
+/// bytes (once full, new images are not indexed; their decodes take the
+/// ordinary path).
+pub struct ScanIndex {
+    max_bytes: usize,
+    bytes: AtomicUsize,
+    inner: Mutex<HashMap<u64, Entry>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Entry {
+    /// Identifies the file: its length and a hash of its headers and end.
+    check: (usize, u64),
+    marks: Vec<Mark>,
+}
+
+impl std::fmt::Debug for ScanIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScanIndex")
+            .field("max_bytes", &self.max_bytes)
+            .field("bytes", &self.bytes())
+            .field("hits", &self.hits.load(Ordering::Relaxed))
+            .field("misses", &self.misses.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Bytes an entry costs besides its marks (key, length, hash, table slot).
+const ENTRY_OVERHEAD: usize = 64;
+
+impl ScanIndex {
+    /// An index holding at most `max_bytes` of marks.
+    pub fn new(max_bytes: usize) -> Arc<ScanIndex> {
+        Arc::new(ScanIndex {
+            max_bytes,
+            bytes: AtomicUsize::new(0),
+            inner: Mutex::new(HashMap::new()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Lookups that found the row they needed already marked.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Lookups that had to parse rows.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    /// The mark of row `row` of sample `key`, parsing (and remembering)
+    /// the rows not yet marked.
+    pub fn mark(&self, key: u64, bytes: &[u8], layout: &Layout, row: u32) -> Option<Mark> {
+        let check = (bytes.len(), file_hash(bytes, layout.data_start));
+        let known = {
+            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            inner.get(&key).filter(|e| e.check == check).map(|e| {
+                e.marks
+                    .get(row as usize)
+                    .copied()
+                    .ok_or_else(|| e.marks.clone())
+            })
+        };
+        let mut marks = match known {
+            Some(Ok(m)) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                return Some(m);
+            }
+            Some(Err(marks)) => marks,
+            None => vec![Mark::start(layout)],
+        };
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let had = marks.len();
+        layout.scan(bytes, &mut marks, row)?;
+        let found = marks.get(row as usize).copied();
+        let grow = (marks.len() - had) * std::mem::size_of::<Mark>()
+            + if had == 1 {
+                ENTRY_OVERHEAD + std::mem::size_of::<Mark>()
+            } else {
+                0
+            };
+        if self.bytes() + grow <= self.max_bytes {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let old = inner.insert(key, Entry { check, marks });
+            let old_bytes = old.map_or(0, |e| {
+                e.marks.len() * std::mem::size_of::<Mark>() + ENTRY_OVERHEAD
+            });
+            let new_bytes = inner.get(&key).map_or(0, |e| {
+                e.marks.len() * std::mem::size_of::<Mark>() + ENTRY_OVERHEAD
+            });
+            self.bytes.fetch_add(new_bytes, Ordering::Relaxed);
+            self.bytes.fetch_sub(old_bytes, Ordering::Relaxed);
+        }
+        found
+    }
+}
+
+/// A 64-bit hash of the headers (tables, size) and the last 32 bytes.
+fn file_hash(bytes: &[u8], header_end: usize) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let end = &bytes[bytes.len().saturating_sub(32)..];
+    for chunk in bytes[..header_end.min(bytes.len())]
+        .chunks(8)
+        .chain(end.chunks(8))
+    {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(w))
+            .wrapping_mul(0x0000_0100_0000_01b3)
+            .rotate_left(29);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Marks from a cut-off file stop where its data does: rows inside the
+    /// remaining bytes are marked, rows past the cut are refused, and the
+    /// marks found agree with those of the whole file.
+    #[test]
+    fn scanning_a_truncated_file_marks_only_the_rows_it_holds() {
+        let jpeg = crate::synth::jpeg(9, 2, 90).unwrap();
+        let layout = Layout::parse(&jpeg).unwrap();
+        let last = layout.rows() - 1;
+        let mut whole = vec![Mark::start(&layout)];
+        layout.scan(&jpeg, &mut whole, last).unwrap();
+        assert_eq!(whole.len(), layout.rows() as usize);
+        let cut = &jpeg[..whole[12].byte as usize + 1];
+        let mut marks = vec![Mark::start(&layout)];
+        assert!(layout.scan(cut, &mut marks, last).is_none());
+        let mut marks = vec![Mark::start(&layout)];
+        layout.scan(cut, &mut marks, 11).unwrap();
+        assert_eq!(marks[..], whole[..12]);
+        // Scanning on from a mark gives the same marks as from the top.
+        let mut resumed = whole[..5].to_vec();
+        layout.scan(&jpeg, &mut resumed, last).unwrap();
+        assert_eq!(resumed, whole);
+    }
+
+    /// Corrupt data (an impossible Huffman code) is refused, not skipped.
+    #[test]
+    fn corrupt_data_is_refused() {
+        let mut jpeg = crate::synth::jpeg(9, 3, 90).unwrap();
+        let layout = Layout::parse(&jpeg).unwrap();
+        let start = layout.data_start();
+        // All-ones runs are never valid codes in these tables; 0xFF needs
+        // its stuffing zero, so write FF 00 pairs.
+        for i in 0..64 {
+            jpeg[start + 40 + i] = if i % 2 == 0 { 0xFF } else { 0 };
+        }
+        let mut marks = vec![Mark::start(&layout)];
+        assert!(layout.scan(&jpeg, &mut marks, layout.rows() - 1).is_none());
+    }
+}
