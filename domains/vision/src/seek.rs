@@ -26,10 +26,11 @@
 //! let jpeg = ferrofeed_vision::synth::jpeg(3, 1, 90).unwrap();
 //! let layout = Layout::parse(&jpeg).expect("a baseline JPEG");
 //! assert_eq!(layout.row_px(), 16); // 4:2:0: iMCU rows of 16 pixel rows
+//! let mpr = layout.mcus_per_row() as usize;
 //! let mut marks = vec![Mark::start(&layout)];
-//! layout.scan(&jpeg, &mut marks, 5).unwrap();
-//! assert_eq!(marks.len(), 6); // the starts of rows 0..=5
-//! let (prefix, tail) = layout.splice(&jpeg, &marks[5], 5, 8).unwrap();
+//! layout.scan(&jpeg, &mut marks, 5 * mpr).unwrap();
+//! assert_eq!(marks.len(), 5 * mpr + 1); // the starts of MCUs 0..=5·mpr
+//! let (prefix, tail) = layout.splice(&jpeg, &marks[5 * mpr], 5, 8).unwrap();
 //! // A 4-row image: the synthetic row, then rows 5, 6 and 7.
 //! assert_eq!(u16::from_be_bytes([prefix[layout.height_at()], prefix[layout.height_at() + 1]]), 4 * 16);
 //! assert!(tail > layout.data_start() && tail < jpeg.len());
@@ -39,7 +40,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Bits looked up at once when decoding a Huffman symbol.
-const LUT_BITS: u32 = 9;
+const LUT_BITS: u32 = 10;
 
 /// One Huffman table: a lookup for codes up to [`LUT_BITS`] long, the
 /// canonical limits for longer ones, and the code of each symbol.
@@ -55,6 +56,11 @@ struct Huff {
     vals: Vec<u8>,
     /// `(code, length)` per symbol; length 0 when the symbol is absent.
     enc: Vec<(u16, u8)>,
+    /// For AC tables: per `LUT_BITS`-bit prefix with a short enough code,
+    /// `(code length + value bits) << 8 | step`, where step is how far the
+    /// coefficient index moves (0 for end-of-block); 0 when the code is
+    /// longer.
+    skip: Vec<u16>,
 }
 
 impl Huff {
@@ -66,6 +72,17 @@ impl Huff {
             delta: [0; 17],
             vals: Vec::new(),
             enc: vec![(0, 0); 256],
+            skip: vec![0; 1 << LUT_BITS],
+        }
+    }
+
+    /// How an AC symbol moves the coefficient index: 0 for end-of-block.
+    fn step(sym: u8) -> u16 {
+        let (run, size) = (u16::from(sym >> 4), sym & 15);
+        match (size, run) {
+            (0, 15) => 16,
+            (0, _) => 0,
+            _ => run + 1,
         }
     }
 
@@ -78,6 +95,7 @@ impl Huff {
             delta: [0; 17],
             vals: vals.to_vec(),
             enc: vec![(0, 0); 256],
+            skip: vec![0; 1 << LUT_BITS],
         };
         let mut code: u32 = 0;
         let mut k = 0usize;
@@ -96,6 +114,10 @@ impl Huff {
                         let first = (code << shift) as usize;
                         for e in &mut h.lut[first..first + (1 << shift)] {
                             *e = ((len as u16) << 8) | u16::from(sym);
+                        }
+                        let skip = ((len as u16 + u16::from(sym & 15)) << 8) | Huff::step(sym);
+                        for e in &mut h.skip[first..first + (1 << shift)] {
+                            *e = skip;
                         }
                     }
                     code += 1;
@@ -133,6 +155,7 @@ pub struct Layout {
     mcus_per_row: u32,
     rows: u32,
     row_px: u32,
+    col_px: u32,
 }
 
 impl std::fmt::Debug for Layout {
@@ -292,6 +315,7 @@ impl Layout {
                         mcus_per_row: width.div_ceil(8 * hmax),
                         rows: height.div_ceil(row_px),
                         row_px,
+                        col_px: 8 * hmax,
                     });
                 }
                 // A second frame, end of image, or a bare marker here.
@@ -322,16 +346,33 @@ impl Layout {
         self.height_at
     }
 
-    /// Extends `marks` (the starts of rows `0..marks.len()`, at least row
-    /// 0's) until it holds the start of row `upto` (so `upto + 1` marks),
-    /// parsing only the rows after the last mark. `None` when the data is
+    /// MCUs per MCU row.
+    pub fn mcus_per_row(&self) -> u32 {
+        self.mcus_per_row
+    }
+
+    /// Pixel columns per MCU.
+    pub fn col_px(&self) -> u32 {
+        self.col_px
+    }
+
+    /// MCUs in the image; the mark with this index is the end of the data.
+    pub fn mcus(&self) -> usize {
+        self.mcus_per_row as usize * self.rows as usize
+    }
+
+    /// Extends `marks` (the starts of MCUs `0..marks.len()` in raster
+    /// order, at least MCU 0's) until it holds mark `upto` (so `upto + 1`
+    /// marks; mark [`mcus`](Self::mcus) is the end of the last MCU),
+    /// parsing only the MCUs after the last mark. `None` when the data is
     /// corrupt or ends first.
-    pub fn scan(&self, bytes: &[u8], marks: &mut Vec<Mark>, upto: u32) -> Option<()> {
-        let upto = upto.min(self.rows.saturating_sub(1)) as usize;
+    pub fn scan(&self, bytes: &[u8], marks: &mut Vec<Mark>, upto: usize) -> Option<()> {
+        let upto = upto.min(self.mcus());
         let last = *marks.last()?;
         if marks.len() > upto {
             return Some(());
         }
+        marks.reserve(upto + 1 - marks.len());
         let mut r = Reader::at(bytes, last.byte as usize, last.bit)?;
         let mut pred = [
             i32::from(last.dc[0]),
@@ -339,25 +380,134 @@ impl Layout {
             i32::from(last.dc[2]),
         ];
         while marks.len() <= upto {
-            for _ in 0..self.mcus_per_row {
-                for (c, comp) in self.comps.iter().enumerate() {
-                    for _ in 0..comp.h * comp.v {
-                        pred[c] += r.skip_block(&self.dc[comp.dc], &self.ac[comp.ac])?;
-                    }
+            for (c, comp) in self.comps.iter().enumerate() {
+                for _ in 0..comp.h * comp.v {
+                    pred[c] += r.skip_block(&self.dc[comp.dc], &self.ac[comp.ac])?;
                 }
             }
             let (byte, bit) = r.position()?;
-            let dc = [pred[0], pred[1], pred[2]].map(|p| p as i16);
             if pred.iter().any(|&p| i32::from(p as i16) != p) {
                 return None;
             }
+            let dc = [pred[0], pred[1], pred[2]].map(|p| p as i16);
             marks.push(Mark {
-                byte: byte as u32,
+                byte: u32::try_from(byte).ok()?,
                 bit,
                 dc,
             });
         }
         Some(())
+    }
+
+    /// A whole stand-in JPEG of MCU rows `row..end` and MCU columns
+    /// `c0..c1`, from `marks` (which must reach mark `(end - 1) ×
+    /// mcus_per_row + c1`): the headers with the size cut down, then per
+    /// row one synthetic MCU, which sets the DC predictors to what MCU `c0`
+    /// expects and ends on the bit where MCU `c0`'s data starts, followed
+    /// by the row's original bytes for MCUs `c0..c1`, copied as they are.
+    /// The synthetic MCUs form a column of garbage pixels at the left, so
+    /// pixel `(x, y)` of the original is `(x - (c0 - 1) × col_px, y - row ×
+    /// row_px)` here. `None` when the tables cannot code what the synthetic
+    /// MCUs need, or the data is bad.
+    pub fn crop(
+        &self,
+        bytes: &[u8],
+        marks: &[Mark],
+        row: u32,
+        end: u32,
+        c0: u32,
+        c1: u32,
+    ) -> Option<Vec<u8>> {
+        if row >= end || end > self.rows || c0 >= c1 || c1 > self.mcus_per_row {
+            return None;
+        }
+        let mpr = self.mcus_per_row as usize;
+        let at = |r: u32, c: u32| marks.get(r as usize * mpr + c as usize);
+        let height = (end * self.row_px).min(self.height) - row * self.row_px;
+        let width = (c1 * self.col_px).min(self.width) - c0 * self.col_px + self.col_px;
+        let (first, last) = (at(row, c0)?, at(end - 1, c1)?);
+        let room = self.data_start
+            + last.byte.checked_sub(first.byte)? as usize
+            + 64 * (end - row) as usize;
+        let mut w = Writer {
+            out: Vec::with_capacity(room),
+            acc: 0,
+            n: 0,
+        };
+        w.out.extend_from_slice(bytes.get(..self.data_start)?);
+        let h = self.height_at;
+        w.out[h..h + 2].copy_from_slice(&u16::try_from(height).ok()?.to_be_bytes());
+        w.out[h + 2..h + 4].copy_from_slice(&u16::try_from(width).ok()?.to_be_bytes());
+        let mut pred = [0i32; 3];
+        for r in row..end {
+            let (start, stop) = (at(r, c0)?, at(r, c1)?);
+            self.synthetic_mcus(&mut w, 1, pred, start.dc, start.bit)?;
+            let from = w.merge(bytes, start)?;
+            w.out
+                .extend_from_slice(bytes.get(from..stop.byte as usize)?);
+            if stop.bit > 0 {
+                let b = *bytes.get(stop.byte as usize)?;
+                w.put_raw(u64::from(b >> (8 - stop.bit)), u32::from(stop.bit));
+            }
+            pred = stop.dc.map(i32::from);
+        }
+        // Pad the last byte with ones, as encoders do, then end the image.
+        if w.n > 0 {
+            let fill = 8 - w.n;
+            w.put_raw((1 << fill) - 1, fill);
+        }
+        w.out.extend_from_slice(&[0xFF, 0xD9]);
+        Some(w.out)
+    }
+
+    /// Writes `mcus` MCUs that carry only DC differences (taking each
+    /// component's predictor from `from` to `to`) and, in the first block,
+    /// as many padding coefficients as make the writer end `bit` bits into
+    /// a byte.
+    fn synthetic_mcus(
+        &self,
+        w: &mut Writer,
+        mcus: u32,
+        from: [i32; 3],
+        to: [i16; 3],
+        bit: u8,
+    ) -> Option<()> {
+        let mut diffs: Vec<Vec<i32>> = Vec::with_capacity(self.comps.len());
+        let mut bits = u64::from(w.n);
+        for (c, comp) in self.comps.iter().enumerate() {
+            let (dct, act) = (&self.dc[comp.dc], &self.ac[comp.ac]);
+            let blocks = (mcus * comp.h * comp.v) as usize;
+            let steps = dc_steps(dct, i32::from(to[c]) - from[c], blocks)?;
+            let eob = u64::from(act.enc[0].1);
+            if eob == 0 {
+                return None;
+            }
+            for &d in &steps {
+                let cat = category(d);
+                bits += u64::from(dct.enc[cat as usize].1) + u64::from(cat) + eob;
+            }
+            diffs.push(steps);
+        }
+        let need = (u64::from(bit) + 8 - bits % 8) % 8;
+        let mut pads = padding(&self.ac[self.comps[0].ac], need as u32)?;
+        let mut next = vec![0usize; self.comps.len()];
+        for _ in 0..mcus {
+            for (c, comp) in self.comps.iter().enumerate() {
+                let (dct, act) = (&self.dc[comp.dc], &self.ac[comp.ac]);
+                for _ in 0..comp.h * comp.v {
+                    let d = diffs[c][next[c]];
+                    next[c] += 1;
+                    let cat = category(d);
+                    w.put(dct.enc[cat as usize], cat, d);
+                    // Run-0 coefficients at positions 1, 2, …: at most 7.
+                    for sym in pads.drain(..) {
+                        w.put(act.enc[usize::from(sym)], u32::from(sym & 15), 1);
+                    }
+                    w.put(act.enc[0], 0, 0);
+                }
+            }
+        }
+        (w.n == u32::from(bit)).then_some(())
     }
 
     /// A stand-in JPEG for rows `row..end` of the image, whose data starts
@@ -386,68 +536,9 @@ impl Layout {
         out[self.height_at..self.height_at + 2]
             .copy_from_slice(&u16::try_from(height).ok()?.to_be_bytes());
         let mut w = Writer { out, acc: 0, n: 0 };
-
-        // DC differences per block of the synthetic row, per component.
-        let mut diffs: Vec<Vec<i32>> = Vec::with_capacity(self.comps.len());
-        for (c, comp) in self.comps.iter().enumerate() {
-            let blocks = (self.mcus_per_row * comp.h * comp.v) as usize;
-            diffs.push(dc_steps(&self.dc[comp.dc], i32::from(mark.dc[c]), blocks)?);
-        }
-        // Length so far, then padding coefficients to land on `mark.bit`.
-        let mut bits = 0u64;
-        for (c, comp) in self.comps.iter().enumerate() {
-            let eob = self.ac[comp.ac].enc[0].1;
-            if eob == 0 {
-                return None;
-            }
-            for &d in &diffs[c] {
-                let cat = category(d);
-                bits += u64::from(self.dc[comp.dc].enc[cat as usize].1)
-                    + u64::from(cat)
-                    + u64::from(eob);
-            }
-        }
-        let need = (u64::from(mark.bit) + 8 - bits % 8) % 8;
-        let pads = padding(&self.ac[self.comps[0].ac], need as u32)?;
-
-        // Emit: MCU by MCU, each component's blocks in order.
-        let mut next = vec![0usize; self.comps.len()];
-        let mut pads = pads.into_iter();
-        for _ in 0..self.mcus_per_row {
-            for (c, comp) in self.comps.iter().enumerate() {
-                let (dct, act) = (&self.dc[comp.dc], &self.ac[comp.ac]);
-                for _ in 0..comp.h * comp.v {
-                    let d = diffs[c][next[c]];
-                    next[c] += 1;
-                    let cat = category(d);
-                    w.put(dct.enc[cat as usize], cat, d);
-                    // At most one padding coefficient per block, in the
-                    // first component's blocks (coefficient 1).
-                    if c == 0 {
-                        if let Some(sym) = pads.next() {
-                            let size = u32::from(sym & 15);
-                            w.put(act.enc[usize::from(sym)], size, 1);
-                        }
-                    }
-                    w.put(act.enc[0], 0, 0);
-                }
-            }
-        }
-        if pads.next().is_some() {
-            return None;
-        }
+        self.synthetic_mcus(&mut w, self.mcus_per_row, [0; 3], mark.dc, mark.bit)?;
         // Merge with the first byte of the real data.
-        let at = mark.byte as usize;
-        let first = *bytes.get(at)?;
-        let mut tail = at;
-        if mark.bit > 0 {
-            let keep = 8 - u32::from(mark.bit);
-            w.put_raw(u64::from(first) & ((1 << keep) - 1), keep);
-            tail = at + if first == 0xFF { 2 } else { 1 };
-        }
-        if w.n != 0 {
-            return None; // the lengths did not add up
-        }
+        let tail = w.merge(bytes, mark)?;
         Some((w.out, tail))
     }
 }
@@ -540,6 +631,20 @@ impl Writer {
             let bits = if v < 0 { v - 1 } else { v } as u64 & ((1 << size) - 1);
             self.put_raw(bits, size);
         }
+    }
+
+    /// Completes the partial byte (which must hold `mark.bit` bits) with
+    /// the rest of the byte at `mark`; returns the offset in `bytes` where
+    /// the data continues byte-aligned.
+    fn merge(&mut self, bytes: &[u8], mark: &Mark) -> Option<usize> {
+        let at = mark.byte as usize;
+        if mark.bit == 0 {
+            return (self.n == 0).then_some(at);
+        }
+        let first = *bytes.get(at)?;
+        let keep = 8 - u32::from(mark.bit);
+        self.put_raw(u64::from(first) & ((1 << keep) - 1), keep);
+        (self.n == 0).then_some(at + if first == 0xFF { 2 } else { 1 })
     }
 
     fn put_raw(&mut self, bits: u64, n: u32) {
@@ -640,16 +745,22 @@ impl<'a> Reader<'a> {
 
     #[inline(always)]
     fn symbol(&mut self, t: &Huff) -> Option<u8> {
+        let (sym, len) = self.peek_symbol(t)?;
+        self.consume(len);
+        Some(sym)
+    }
+
+    /// The next symbol and its code's length, not consumed.
+    #[inline(always)]
+    fn peek_symbol(&self, t: &Huff) -> Option<(u8, u32)> {
         let e = t.lut[(self.acc >> (64 - LUT_BITS)) as usize];
         if e != 0 {
-            self.consume(u32::from(e >> 8));
-            return Some(e as u8);
+            return Some((e as u8, u32::from(e >> 8)));
         }
         for len in LUT_BITS + 1..=16 {
             let code = (self.acc >> (64 - len)) as i32;
             if code <= t.maxcode[len as usize] {
-                self.consume(len);
-                return t.vals.get((t.delta[len as usize] + code) as usize).copied();
+                return Some((*t.vals.get((t.delta[len as usize] + code) as usize)?, len));
             }
         }
         None
@@ -676,21 +787,23 @@ impl<'a> Reader<'a> {
                 v
             }
         };
+        // Each AC symbol: one lookup gives the bits to skip (code and
+        // value) and the step in the coefficient index.
         let mut k = 1u32;
-        while k < 64 {
+        loop {
             if self.n < 32 {
                 self.refill();
             }
-            let rs = self.symbol(ac)?;
-            let (run, size) = (u32::from(rs >> 4), u32::from(rs & 15));
-            if size == 0 {
-                if run != 15 {
-                    break;
-                }
-                k += 16;
-            } else {
-                self.consume(size);
-                k += run + 1;
+            let mut e = ac.skip[(self.acc >> (64 - LUT_BITS)) as usize];
+            if e == 0 {
+                let (sym, len) = self.peek_symbol(ac)?;
+                e = ((len as u16 + u16::from(sym & 15)) << 8) | Huff::step(sym);
+            }
+            self.consume(u32::from(e >> 8));
+            let step = u32::from(e & 0xFF);
+            k += step;
+            if step == 0 || k >= 64 {
+                break;
             }
         }
         if self.pad > 0 && self.pad > self.n {
@@ -718,9 +831,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Row marks per dataset sample, shared by a stage's workers, bounded in
+/// MCU marks per dataset sample, shared by a stage's workers, bounded in
 /// bytes (once full, new images are not indexed; their decodes take the
-/// ordinary path).
+/// ordinary path). An entry reserves room for every MCU of its image.
 pub struct ScanIndex {
     max_bytes: usize,
     bytes: AtomicUsize,
@@ -733,7 +846,7 @@ pub struct ScanIndex {
 struct Entry {
     /// Identifies the file: its length and a hash of its headers and end.
     check: (usize, u64),
-    marks: Vec<Mark>,
+    marks: Arc<Vec<Mark>>,
 }
 
 impl std::fmt::Debug for ScanIndex {
@@ -777,50 +890,58 @@ impl ScanIndex {
         self.misses.load(Ordering::Relaxed)
     }
 
-    /// The mark of row `row` of sample `key`, parsing (and remembering)
-    /// the rows not yet marked.
-    pub fn mark(&self, key: u64, bytes: &[u8], layout: &Layout, row: u32) -> Option<Mark> {
+    /// The marks of sample `key` through mark `upto` (see
+    /// [`Layout::scan`]), parsing (and remembering) what is not yet
+    /// marked; `None` when the data is bad or the image's marks would not
+    /// fit in the byte cap.
+    pub fn marks(
+        &self,
+        key: u64,
+        bytes: &[u8],
+        layout: &Layout,
+        upto: usize,
+    ) -> Option<Arc<Vec<Mark>>> {
+        let upto = upto.min(layout.mcus());
         let check = (bytes.len(), file_hash(bytes, layout.data_start));
         let known = {
             let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            inner.get(&key).filter(|e| e.check == check).map(|e| {
-                e.marks
-                    .get(row as usize)
-                    .copied()
-                    .ok_or_else(|| e.marks.clone())
-            })
+            inner
+                .get(&key)
+                .filter(|e| e.check == check)
+                .map(|e| Arc::clone(&e.marks))
         };
-        let mut marks = match known {
-            Some(Ok(m)) => {
+        if let Some(m) = &known {
+            if m.len() > upto {
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                return Some(m);
+                return known;
             }
-            Some(Err(marks)) => marks,
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        // Room for the whole image's marks, so a stored entry can grow.
+        let full = ENTRY_OVERHEAD + (layout.mcus() + 1) * std::mem::size_of::<Mark>();
+        if known.is_none() && self.bytes() + full > self.max_bytes {
+            return None;
+        }
+        let mut marks = match known {
+            Some(m) => Vec::clone(&m),
             None => vec![Mark::start(layout)],
         };
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        let had = marks.len();
-        layout.scan(bytes, &mut marks, row)?;
-        let found = marks.get(row as usize).copied();
-        let grow = (marks.len() - had) * std::mem::size_of::<Mark>()
-            + if had == 1 {
-                ENTRY_OVERHEAD + std::mem::size_of::<Mark>()
-            } else {
-                0
-            };
-        if self.bytes() + grow <= self.max_bytes {
-            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            let old = inner.insert(key, Entry { check, marks });
-            let old_bytes = old.map_or(0, |e| {
-                e.marks.len() * std::mem::size_of::<Mark>() + ENTRY_OVERHEAD
-            });
-            let new_bytes = inner.get(&key).map_or(0, |e| {
-                e.marks.len() * std::mem::size_of::<Mark>() + ENTRY_OVERHEAD
-            });
-            self.bytes.fetch_add(new_bytes, Ordering::Relaxed);
-            self.bytes.fetch_sub(old_bytes, Ordering::Relaxed);
+        layout.scan(bytes, &mut marks, upto)?;
+        let marks = Arc::new(marks);
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner
+            .insert(
+                key,
+                Entry {
+                    check,
+                    marks: Arc::clone(&marks),
+                },
+            )
+            .is_none()
+        {
+            self.bytes.fetch_add(full, Ordering::Relaxed);
         }
-        found
+        Some(marks)
     }
 }
 
@@ -849,23 +970,68 @@ mod tests {
     /// remaining bytes are marked, rows past the cut are refused, and the
     /// marks found agree with those of the whole file.
     #[test]
-    fn scanning_a_truncated_file_marks_only_the_rows_it_holds() {
+    fn scanning_a_truncated_file_marks_only_the_mcus_it_holds() {
         let jpeg = crate::synth::jpeg(9, 2, 90).unwrap();
         let layout = Layout::parse(&jpeg).unwrap();
-        let last = layout.rows() - 1;
+        let last = layout.mcus();
         let mut whole = vec![Mark::start(&layout)];
         layout.scan(&jpeg, &mut whole, last).unwrap();
-        assert_eq!(whole.len(), layout.rows() as usize);
-        let cut = &jpeg[..whole[12].byte as usize + 1];
+        assert_eq!(whole.len(), last + 1);
+        let mid = 12 * layout.mcus_per_row() as usize + 5;
+        let cut = &jpeg[..whole[mid].byte as usize + 1];
         let mut marks = vec![Mark::start(&layout)];
         assert!(layout.scan(cut, &mut marks, last).is_none());
         let mut marks = vec![Mark::start(&layout)];
-        layout.scan(cut, &mut marks, 11).unwrap();
-        assert_eq!(marks[..], whole[..12]);
+        layout.scan(cut, &mut marks, mid - 1).unwrap();
+        assert_eq!(marks[..], whole[..mid]);
         // Scanning on from a mark gives the same marks as from the top.
-        let mut resumed = whole[..5].to_vec();
+        let mut resumed = whole[..70].to_vec();
         layout.scan(&jpeg, &mut resumed, last).unwrap();
         assert_eq!(resumed, whole);
+    }
+
+    /// A stand-in for MCU rows `row..end` and columns `c0..c1` decodes,
+    /// past its synthetic left column, to the pixels of those MCUs in a
+    /// full decode, away from the edges where chroma upsampling looks at
+    /// neighbours the stand-in does not have.
+    #[test]
+    fn crop_stand_ins_decode_to_the_original_pixels() {
+        if !crate::libjpeg::AVAILABLE {
+            return;
+        }
+        let jpeg = crate::synth::jpeg(4, 7, 90).unwrap();
+        let layout = Layout::parse(&jpeg).unwrap();
+        let mut marks = vec![Mark::start(&layout)];
+        layout.scan(&jpeg, &mut marks, layout.mcus()).unwrap();
+        let full = crate::decode::decode(&jpeg, &Default::default()).unwrap();
+        let (rp, cp) = (layout.row_px(), layout.col_px());
+        let (rows, cols) = (layout.rows(), layout.mcus_per_row());
+        assert!(rows >= 12 && cols >= 12, "{rows} × {cols} MCUs");
+        let cases = [
+            (0, 1, 0, 1),
+            (3, 9, 2, 10),
+            (7, rows, cols - 5, cols),
+            (0, rows, 1, cols - 1),
+            (rows - 1, rows, cols - 1, cols),
+        ];
+        for (row, end, c0, c1) in cases {
+            let stream = layout.crop(&jpeg, &marks, row, end, c0, c1).unwrap();
+            let mut buf = Vec::new();
+            let (w, h) = ((c1 - c0 + 1) * cp, (end - row) * rp);
+            let info = crate::libjpeg::decode_region_into(&stream, 8, false, 0, 0, w, h, &mut buf)
+                .unwrap()
+                .unwrap();
+            let sw = info.width as usize;
+            for y in row * rp + 2..(end * rp).min(full.height) - 2 {
+                for x in c0 * cp + 2..(c1 * cp).min(full.width) - 2 {
+                    let sx = (x - c0 * cp + cp) as usize;
+                    let sy = (y - row * rp) as usize;
+                    let got = &buf[(sy * sw + sx) * 3..][..3];
+                    let want = &full.data[((y * full.width + x) * 3) as usize..][..3];
+                    assert_eq!(got, want, "crop {row}..{end} × {c0}..{c1} at ({x}, {y})");
+                }
+            }
+        }
     }
 
     /// Corrupt data (an impossible Huffman code) is refused, not skipped.
@@ -880,6 +1046,6 @@ mod tests {
             jpeg[start + 40 + i] = if i % 2 == 0 { 0xFF } else { 0 };
         }
         let mut marks = vec![Mark::start(&layout)];
-        assert!(layout.scan(&jpeg, &mut marks, layout.rows() - 1).is_none());
+        assert!(layout.scan(&jpeg, &mut marks, layout.mcus()).is_none());
     }
 }
