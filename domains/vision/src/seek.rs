@@ -35,12 +35,16 @@
 //! assert_eq!(u16::from_be_bytes([prefix[layout.height_at()], prefix[layout.height_at() + 1]]), 4 * 16);
 //! assert!(tail > layout.data_start() && tail < jpeg.len());
 //! ```
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Bits looked up at once when decoding a Huffman symbol.
 const LUT_BITS: u32 = 10;
+
+/// Bits looked up at once when skipping several AC symbols.
+const MULTI_BITS: u32 = 12;
 
 /// One Huffman table: a lookup for codes up to [`LUT_BITS`] long, the
 /// canonical limits for longer ones, and the code of each symbol.
@@ -61,6 +65,8 @@ struct Huff {
     /// coefficient index moves (0 for end-of-block); 0 when the code is
     /// longer.
     skip: Vec<u16>,
+    /// For AC tables: several symbols per lookup (see `build_multi`).
+    multi: Vec<u16>,
 }
 
 impl Huff {
@@ -73,6 +79,62 @@ impl Huff {
             vals: Vec::new(),
             enc: vec![(0, 0); 256],
             skip: vec![0; 1 << LUT_BITS],
+            multi: Vec::new(),
+        }
+    }
+
+    /// The table for a DHT entry (`class`, then its 16 counts and its
+    /// symbols), built once per thread: datasets mostly share a few tables.
+    fn cached(class: u8, spec: &[u8]) -> Option<Arc<Huff>> {
+        type Tables = HashMap<(u8, Vec<u8>), Arc<Huff>>;
+        thread_local! {
+            static TABLES: RefCell<Tables> = RefCell::new(HashMap::new());
+        }
+        TABLES.with(|t| {
+            let mut t = t.borrow_mut();
+            let key = (class, spec.to_vec());
+            if let Some(h) = t.get(&key) {
+                return Some(Arc::clone(h));
+            }
+            let mut h = Huff::new(&spec[..16], &spec[16..])?;
+            if class == 1 {
+                h.build_multi();
+            }
+            let h = Arc::new(h);
+            if t.len() >= 64 {
+                t.clear();
+            }
+            t.insert(key, Arc::clone(&h));
+            Some(h)
+        })
+    }
+
+    /// Fills `multi`: for each `MULTI_BITS`-bit prefix, the AC symbols
+    /// (codes and value bits) wholly inside it, up to and including an
+    /// end-of-block, as `bits << 8 | steps << 1 | ended`.
+    fn build_multi(&mut self) {
+        self.multi = vec![0; 1 << MULTI_BITS];
+        for p in 0..1u32 << MULTI_BITS {
+            let (mut pos, mut steps, mut ended) = (0u32, 0u32, false);
+            while pos < MULTI_BITS {
+                let avail = MULTI_BITS - pos;
+                let rest = (p << pos) & ((1 << MULTI_BITS) - 1);
+                let e = self.lut[(rest >> (MULTI_BITS - LUT_BITS)) as usize];
+                let (len, sym) = (u32::from(e >> 8), e as u8);
+                if e == 0 || len + u32::from(sym & 15) > avail {
+                    break;
+                }
+                pos += len + u32::from(sym & 15);
+                let step = u32::from(Huff::step(sym));
+                if step == 0 {
+                    ended = true;
+                    break;
+                }
+                steps += step;
+            }
+            if pos > 0 {
+                self.multi[p as usize] = ((pos << 8) | (steps << 1) | u32::from(ended)) as u16;
+            }
         }
     }
 
@@ -96,6 +158,7 @@ impl Huff {
             vals: vals.to_vec(),
             enc: vec![(0, 0); 256],
             skip: vec![0; 1 << LUT_BITS],
+            multi: Vec::new(),
         };
         let mut code: u32 = 0;
         let mut k = 0usize;
@@ -150,8 +213,8 @@ pub struct Layout {
     width: u32,
     height: u32,
     comps: Vec<Comp>,
-    dc: Vec<Huff>,
-    ac: Vec<Huff>,
+    dc: Vec<Arc<Huff>>,
+    ac: Vec<Arc<Huff>>,
     mcus_per_row: u32,
     rows: u32,
     row_px: u32,
@@ -196,8 +259,8 @@ impl Layout {
     /// Reads the markers up to the scan; `None` when the file is not a
     /// JPEG this module can seek in.
     pub fn parse(bytes: &[u8]) -> Option<Layout> {
-        let mut dc: [Option<Huff>; 4] = [None, None, None, None];
-        let mut ac: [Option<Huff>; 4] = [None, None, None, None];
+        let mut dc: [Option<Arc<Huff>>; 4] = [None, None, None, None];
+        let mut ac: [Option<Arc<Huff>>; 4] = [None, None, None, None];
         // (offset of the height, width, height, (id, h, v) per component)
         type Frame = (usize, u32, u32, Vec<(u8, u32, u32)>);
         let mut frame: Option<Frame> = None;
@@ -247,11 +310,11 @@ impl Layout {
                         let (class, id) = (s[0] >> 4, usize::from(s[0] & 15));
                         let counts = s.get(1..17)?;
                         let n: usize = counts.iter().map(|&c| usize::from(c)).sum();
-                        let vals = s.get(17..17 + n)?;
+                        s.get(17..17 + n)?;
                         if id > 3 || class > 1 {
                             return None;
                         }
-                        let t = Huff::new(counts, vals)?;
+                        let t = Huff::cached(class, &s[1..17 + n])?;
                         if class == 0 {
                             dc[id] = Some(t);
                         } else {
@@ -306,11 +369,11 @@ impl Layout {
                         comps,
                         dc: dc
                             .into_iter()
-                            .map(|t| t.unwrap_or_else(Huff::empty))
+                            .map(|t| t.unwrap_or_else(|| Arc::new(Huff::empty())))
                             .collect(),
                         ac: ac
                             .into_iter()
-                            .map(|t| t.unwrap_or_else(Huff::empty))
+                            .map(|t| t.unwrap_or_else(|| Arc::new(Huff::empty())))
                             .collect(),
                         mcus_per_row: width.div_ceil(8 * hmax),
                         rows: height.div_ceil(row_px),
@@ -794,6 +857,17 @@ impl<'a> Reader<'a> {
             if self.n < 32 {
                 self.refill();
             }
+            if let Some(&m) = ac.multi.get((self.acc >> (64 - MULTI_BITS)) as usize) {
+                let steps = u32::from(m >> 1) & 127;
+                if m != 0 && k + steps < 64 {
+                    self.consume(u32::from(m >> 8));
+                    if m & 1 == 1 {
+                        break;
+                    }
+                    k += steps;
+                    continue;
+                }
+            }
             let mut e = ac.skip[(self.acc >> (64 - LUT_BITS)) as usize];
             if e == 0 {
                 let (sym, len) = self.peek_symbol(ac)?;
@@ -922,10 +996,13 @@ impl ScanIndex {
         if known.is_none() && self.bytes() + full > self.max_bytes {
             return None;
         }
-        let mut marks = match known {
-            Some(m) => Vec::clone(&m),
-            None => vec![Mark::start(layout)],
-        };
+        // Capacity for every mark at once: an entry never reallocates as
+        // it grows, and holds no more than the cap counted.
+        let mut marks = Vec::with_capacity(layout.mcus() + 1);
+        match known {
+            Some(m) => marks.extend_from_slice(&m),
+            None => marks.push(Mark::start(layout)),
+        }
         layout.scan(bytes, &mut marks, upto)?;
         let marks = Arc::new(marks);
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
