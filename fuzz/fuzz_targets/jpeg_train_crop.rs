@@ -1,5 +1,6 @@
 //! Any bytes through the training decode stage (header, random crop, region
-//! decode through libjpeg-turbo when present, resize, flip).
+//! decode through libjpeg-turbo when present, the scan index and its
+//! stand-in streams, resize, flip), twice.
 #![no_main]
 use std::sync::atomic::AtomicBool;
 
@@ -15,6 +16,10 @@ fuzz_target!(|data: &[u8]| {
         ..DecodeOptions::default()
     };
     let stop = AtomicBool::new(false);
-    let ctx = StageCtx::detached(data.len() as u64, 0, 7, &stop);
-    let _ = stage.process(Bytes::from(data.to_vec()), &ctx);
+    // Two epochs: the second decodes through the scan index the first
+    // filled, at another random crop.
+    for epoch in 0..2 {
+        let ctx = StageCtx::detached(data.len() as u64, epoch, 7, &stop);
+        let _ = stage.process(Bytes::from(data.to_vec()), &ctx);
+    }
 });

@@ -12,7 +12,6 @@ use ferrofeed_stages::device::{PinMode, PinnedPool};
 use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
 use ferrofeed_vision::cache::ImageCache;
 use ferrofeed_vision::seek::ScanIndex;
-use ferrofeed_vision::transform::DEFAULT_SEEK_BYTES;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 
 use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
@@ -46,6 +45,11 @@ pub struct VisionOpts {
     /// later epochs skip decoding.
     #[arg(long, value_parser = super::parse_size, value_name = "SIZE")]
     pub cache_bytes: Option<usize>,
+    /// Byte cap of the scan index (where each JPEG's MCUs start), which
+    /// from the second epoch on lets a crop decode only its own part of
+    /// the image; 0 turns it off. Not used with --epochs 1.
+    #[arg(long, value_parser = size_or_zero, value_name = "SIZE", default_value = "32MiB")]
+    pub scan_index: usize,
     /// Decode JPEGs with libjpeg's fast integer IDCT and box chroma
     /// upsampling (tf.image's `INTEGER_FAST`, without fancy upsampling):
     /// a few % more images/s, pixels a few levels from the default's.
@@ -55,6 +59,15 @@ pub struct VisionOpts {
     /// there (else host memory, said once), `strict` (or an error), `off`.
     #[arg(long, value_enum, default_value = "auto")]
     pub pin: PinArg,
+}
+
+/// A size as `parse_size` reads it, or 0 for "off".
+fn size_or_zero(s: &str) -> Result<usize, String> {
+    if s.trim() == "0" {
+        Ok(0)
+    } else {
+        super::parse_size(s)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -268,7 +281,9 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
             ..Default::default()
         },
         cache: a.vision.cache_bytes.map(ImageCache::new),
-        seek: Some(ScanIndex::new(DEFAULT_SEEK_BYTES)),
+        // Marks pay for themselves from the second epoch on.
+        seek: (a.common.epochs > 1 && a.vision.scan_index > 0)
+            .then(|| ScanIndex::new(a.vision.scan_index)),
     };
     let c = &a.common;
     let resources = ferrofeed_core::resources::Resources::detect();
