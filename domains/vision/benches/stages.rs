@@ -39,7 +39,35 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    let train = DecodeTransform::new(Transform::train(224));
+    let train = DecodeTransform {
+        seek: None,
+        ..DecodeTransform::new(Transform::train(224))
+    };
+    // Through the scan index: a fresh one each iteration (a first epoch,
+    // which fills it), and one filled beforehand (later epochs).
+    g.bench_function("fused_decode_rrc224_index_first_epoch", |b| {
+        let mut rng = sample_rng(1);
+        b.iter(|| {
+            let stage = DecodeTransform::new(Transform::train(224));
+            for (i, j) in jpegs.iter().enumerate() {
+                black_box(stage.run_keyed(j, Some(i as u64), &mut rng).expect("runs"));
+            }
+        })
+    });
+    g.bench_function("fused_decode_rrc224_index_later_epochs", |b| {
+        let mut rng = sample_rng(1);
+        let stage = DecodeTransform::new(Transform::train(224));
+        for _ in 0..8 {
+            for (i, j) in jpegs.iter().enumerate() {
+                stage.run_keyed(j, Some(i as u64), &mut rng).expect("runs");
+            }
+        }
+        b.iter(|| {
+            for (i, j) in jpegs.iter().enumerate() {
+                black_box(stage.run_keyed(j, Some(i as u64), &mut rng).expect("runs"));
+            }
+        })
+    });
     g.bench_function("fused_decode_rrc224", |b| {
         let mut rng = sample_rng(1);
         b.iter(|| {

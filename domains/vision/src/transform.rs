@@ -416,6 +416,7 @@ impl DecodeTransform {
         buf: &mut Vec<u8>,
     ) -> Option<RegionInfo> {
         let index = self.seek.as_ref()?;
+        key?;
         let layout = Layout::parse(bytes)?;
         // Two output pixels around the region keep their real neighbours
         // for libjpeg's chroma upsampling.
@@ -435,14 +436,9 @@ impl DecodeTransform {
         } else {
             (end as usize - 1) * mpr as usize + c1 as usize
         };
-        let marks = match key {
-            Some(key) => index.marks(key, bytes, &layout, upto)?,
-            None => {
-                let mut marks = vec![crate::seek::Mark::start(&layout)];
-                layout.scan(bytes, &mut marks, upto)?;
-                Arc::new(marks)
-            }
-        };
+        // Without a key nothing is remembered, and marking rows only to
+        // use them once costs more than it saves.
+        let marks = index.marks(key?, bytes, &layout, upto)?;
         let scaled = |v: u32| v * num / 8;
         if !full_width {
             // A table without the category a re-coded DC difference needs
@@ -746,7 +742,7 @@ mod tests {
                     )
                     .unwrap()
                     .unwrap();
-                    let key = (pass == 1).then_some(key as u64);
+                    let key = Some(key as u64);
                     let mut b = Vec::new();
                     let Some(got) = stage.decode_seeking(bytes, key, num, rect, &mut b) else {
                         continue;
