@@ -86,25 +86,30 @@ impl Huff {
     /// The table for a DHT entry (`class`, then its 16 counts and its
     /// symbols), built once per thread: datasets mostly share a few tables.
     fn cached(class: u8, spec: &[u8]) -> Option<Arc<Huff>> {
-        type Tables = HashMap<(u8, Vec<u8>), Arc<Huff>>;
+        type Tables = Vec<(u8, Vec<u8>, Arc<Huff>)>;
         thread_local! {
-            static TABLES: RefCell<Tables> = RefCell::new(HashMap::new());
+            static TABLES: RefCell<Tables> = const { RefCell::new(Vec::new()) };
         }
         TABLES.with(|t| {
             let mut t = t.borrow_mut();
-            let key = (class, spec.to_vec());
-            if let Some(h) = t.get(&key) {
+            if let Some((_, _, h)) = t.iter_mut().find(|(c, s, _)| *c == class && s[..] == *spec) {
+                // The multi-symbol table (8 KiB to fill) only for an AC
+                // table seen twice: files with tables fitted to each image
+                // would pay for it on every decode.
+                if class == 1 && h.multi.is_empty() {
+                    let mut full = Huff::clone(h);
+                    full.build_multi();
+                    *h = Arc::new(full);
+                }
                 return Some(Arc::clone(h));
             }
-            let mut h = Huff::new(&spec[..16], &spec[16..])?;
-            if class == 1 {
-                h.build_multi();
-            }
-            let h = Arc::new(h);
-            if t.len() >= 64 {
+            let h = Arc::new(Huff::new(&spec[..16], &spec[16..])?);
+            // A few tables serve most datasets; a stream of distinct ones
+            // (optimised per image) restarts the list.
+            if t.len() >= 16 {
                 t.clear();
             }
-            t.insert(key, Arc::clone(&h));
+            t.push((class, spec.to_vec(), Arc::clone(&h)));
             Some(h)
         })
     }
@@ -1108,6 +1113,30 @@ mod tests {
                     assert_eq!(got, want, "crop {row}..{end} × {c0}..{c1} at ({x}, {y})");
                 }
             }
+        }
+    }
+
+    /// Skipping several AC symbols per lookup marks the same places as one
+    /// symbol at a time: a table's first use in a thread has no
+    /// multi-symbol lookup, its second has one.
+    #[test]
+    fn multi_symbol_skipping_marks_the_same_places() {
+        for (seed, q) in [(1, 90), (2, 30), (3, 100)] {
+            // A fresh thread: an empty table cache.
+            std::thread::spawn(move || {
+                let jpeg = crate::synth::jpeg(seed, seed, q).unwrap();
+                let single = Layout::parse(&jpeg).unwrap();
+                let multi = Layout::parse(&jpeg).unwrap();
+                assert!(single.ac.iter().all(|t| t.multi.is_empty()));
+                assert!(multi.ac[multi.comps[0].ac].multi.len() == 1 << MULTI_BITS);
+                let mut a = vec![Mark::start(&single)];
+                single.scan(&jpeg, &mut a, single.mcus()).unwrap();
+                let mut b = vec![Mark::start(&multi)];
+                multi.scan(&jpeg, &mut b, multi.mcus()).unwrap();
+                assert_eq!(a, b, "q{q}");
+            })
+            .join()
+            .unwrap();
         }
     }
 
