@@ -486,6 +486,20 @@ impl Layout {
         c0: u32,
         c1: u32,
     ) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        self.crop_into(bytes, marks, (row, end, c0, c1), &mut out)?;
+        Some(out)
+    }
+
+    /// [`crop`](Self::crop) into `out` (cleared first; a reused buffer
+    /// costs no allocation).
+    pub fn crop_into(
+        &self,
+        bytes: &[u8],
+        marks: &[Mark],
+        (row, end, c0, c1): (u32, u32, u32, u32),
+        out: &mut Vec<u8>,
+    ) -> Option<()> {
         if row >= end || end > self.rows || c0 >= c1 || c1 > self.mcus_per_row {
             return None;
         }
@@ -497,8 +511,10 @@ impl Layout {
         let room = self.data_start
             + last.byte.checked_sub(first.byte)? as usize
             + 64 * (end - row) as usize;
+        out.clear();
+        out.reserve(room);
         let mut w = Writer {
-            out: Vec::with_capacity(room),
+            out: std::mem::take(out),
             acc: 0,
             n: 0,
         };
@@ -525,7 +541,8 @@ impl Layout {
             w.put_raw((1 << fill) - 1, fill);
         }
         w.out.extend_from_slice(&[0xFF, 0xD9]);
-        Some(w.out)
+        *out = w.out;
+        Some(())
     }
 
     /// Writes `mcus` MCUs that carry only DC differences (taking each

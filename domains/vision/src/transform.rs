@@ -153,6 +153,8 @@ fn eval_region(
 thread_local! {
     /// Each worker's buffer for decoded JPEG regions, reused across images.
     static REGION: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Each worker's buffer for the scan index's stand-in streams.
+    static STAND_IN: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Resamples the region `(left, top, width, height)` of `img` (fractional
@@ -443,7 +445,9 @@ impl DecodeTransform {
         if !full_width {
             // A table without the category a re-coded DC difference needs
             // leaves the full-width splice, whose marks are already there.
-            if let Some(stream) = layout.crop(bytes, &marks, row, end, c0, c1) {
+            let decoded = STAND_IN.with(|stream| {
+                let mut stream = stream.borrow_mut();
+                layout.crop_into(bytes, &marks, (row, end, c0, c1), &mut stream)?;
                 // The stand-in starts one synthetic MCU column left of c0.
                 let (dx, dy) = (c0 * col_px, row * row_px);
                 let mut info = crate::libjpeg::decode_spliced_into(
@@ -460,7 +464,10 @@ impl DecodeTransform {
                 .ok()??;
                 info.x = (info.x + scaled(dx)).checked_sub(scaled(col_px))?;
                 info.y += scaled(dy);
-                return Some(info);
+                Some(info)
+            });
+            if decoded.is_some() {
+                return decoded;
             }
         }
         {
