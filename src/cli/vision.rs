@@ -48,8 +48,8 @@ pub struct VisionOpts {
     /// Byte cap of the scan index (where each JPEG's MCUs start, ~9 KB per
     /// 500×375 image), which from the second epoch on lets a crop decode
     /// only its own part of the image; 0 turns it off. Default: 1/16 of the
-    /// memory the process may use (cgroup limits included). Not used with
-    /// --epochs 1.
+    /// memory the process may use (cgroup limits included), at most 1GiB.
+    /// Not used with --epochs 1.
     #[arg(long, value_parser = size_or_zero, value_name = "SIZE")]
     pub scan_index: Option<usize>,
     /// Decode JPEGs with libjpeg's fast integer IDCT and box chroma
@@ -288,10 +288,9 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     let c = &a.common;
     let resources = ferrofeed_core::resources::Resources::detect();
     // Marks pay for themselves from the second epoch on.
-    let index_bytes = a
-        .vision
-        .scan_index
-        .unwrap_or(usize::try_from(resources.memory_bytes / 16).unwrap_or(usize::MAX));
+    let index_bytes = a.vision.scan_index.unwrap_or(
+        usize::try_from((resources.memory_bytes / 16).min(1 << 30)).unwrap_or(usize::MAX),
+    );
     if c.epochs > 1 && index_bytes > 0 {
         stage.seek = Some(ScanIndex::new(index_bytes));
     }
