@@ -1,24 +1,31 @@
-//! Seeking inside a baseline JPEG's entropy-coded data, so a crop low in the
-//! image does not pay for Huffman-decoding every row above it on every epoch.
+//! Seeking inside a baseline JPEG's entropy-coded data, so that a crop
+//! Huffman-decodes only its own MCUs, not every row above it and the full
+//! width of the rows it spans.
 //!
 //! Without restart markers a JPEG can only be read from the start: each
 //! block's DC coefficient is coded as a difference from the previous block
 //! of its component, and block boundaries are found only by decoding. A
-//! [`ScanIndex`] remembers, per image, where each iMCU row (a band of 8 or
-//! 16 pixel rows) starts — byte, bit, and the DC predictors there — as
-//! [`Mark`]s. To decode a region starting at row `r`, a short stand-in JPEG
-//! is made ([`Layout::splice`]): the original headers with the height cut
-//! down, one synthetic iMCU row whose blocks carry nothing but the DC values
-//! row `r` expects (and a few padding coefficients so the row ends on the
-//! same bit offset as the real data), then the original bytes from row `r`
-//! on, untouched. libjpeg decodes that as usual and skips the synthetic row;
-//! the pixels of the real rows are bit-identical to a full decode.
+//! [`ScanIndex`] remembers, per image, where each MCU (a tile of 8×8 to
+//! 16×16 pixels) starts — byte, bit, and the DC predictors there — as
+//! [`Mark`]s. Marks come from a skip-only parse ([`Layout::scan`]) that
+//! decodes Huffman symbols (several per table lookup) without storing
+//! coefficients, and that runs only over MCUs no mark covers yet: the first
+//! epoch over an image pays for it, later ones do not.
 //!
-//! Marks come from a skip-only parse ([`Layout::scan`]) that decodes Huffman
-//! symbols without storing coefficients. It runs only over rows no mark yet
-//! covers, so after the first epoch over an image its rows above a crop cost
-//! nothing. Anything outside the supported layout (progressive, restart
-//! markers, arithmetic coding, more than one scan, 12-bit) gives `None`, and
+//! With marks, a region becomes a short stand-in JPEG that libjpeg decodes
+//! as usual, with pixels bit-identical to a full decode's:
+//! - [`Layout::crop`]: the original headers with the size cut to the
+//!   region's MCU rows and columns; per row, one synthetic MCU whose blocks
+//!   carry only the DC differences that bring the predictors to what the
+//!   row's first real MCU expects (plus a few padding coefficients, so it
+//!   ends on the bit where that MCU's data starts), then the row's original
+//!   bytes, copied as they are. The synthetic MCUs are a column of garbage
+//!   pixels left of the region, never used.
+//! - [`Layout::splice`] for full-width regions: one synthetic MCU row, then
+//!   the rest of the original file read in place (no copy).
+//!
+//! Anything outside the supported layout (progressive, restart markers,
+//! arithmetic coding, more than one scan, 12-bit, CMYK) gives `None`, and
 //! the caller decodes the ordinary way.
 //!
 //! ```

@@ -321,14 +321,16 @@ pub struct DecodeTransform {
     pub decode: DecodeOptions,
     /// Decoded images kept across epochs.
     pub cache: Option<Arc<ImageCache>>,
-    /// Where each JPEG's rows start, kept across epochs so a crop's decode
-    /// starts at its first row (see [`crate::seek`]); `None` decodes from
-    /// the top every time.
+    /// Where each JPEG's MCUs start, kept across epochs (by the sample's
+    /// dataset index) so a crop decodes only its own MCUs (see
+    /// [`crate::seek`]); `None` decodes from the top every time. The first
+    /// epoch fills it and runs a little slower; with one pass over the data,
+    /// set `None`.
     pub seek: Option<Arc<ScanIndex>>,
 }
 
-/// The default byte cap of a [`DecodeTransform`]'s scan index: about
-/// 90,000 images of 500×375.
+/// The default byte cap of a [`DecodeTransform`]'s scan index: about 3,600
+/// images of 500×375 (~9 KB each).
 pub const DEFAULT_SEEK_BYTES: usize = 32 << 20;
 
 impl DecodeTransform {
@@ -374,8 +376,8 @@ impl DecodeTransform {
         self.run_keyed(bytes, None, rng)
     }
 
-    /// [`run`](Self::run) for dataset sample `key`, whose row marks the
-    /// scan index keeps.
+    /// [`run`](Self::run) for dataset sample `key`, whose MCU marks the
+    /// scan index keeps (see [`seek`](Self::seek)).
     pub fn run_keyed(
         &self,
         bytes: &[u8],
@@ -404,11 +406,12 @@ impl DecodeTransform {
         self.fused(bytes, None, rng)
     }
 
-    /// Decodes the region `(x, y, w, h)` starting at the iMCU row above it
-    /// rather than at the top of the image, when the JPEG's layout allows
-    /// (see [`crate::seek`]); `None` when it does not, or when anything
-    /// fails — the ordinary decode then runs and reports real errors.
-    #[allow(clippy::too_many_arguments)]
+    /// Decodes the region `(x, y, w, h)` of sample `key` through the scan
+    /// index: only the MCUs it covers, or for a region near the full width
+    /// its rows from the first on (see [`crate::seek`]). `None` when that
+    /// does not apply (no index or key, a layout it cannot seek in, the
+    /// index full) or anything fails — the ordinary decode then runs and
+    /// reports real errors.
     fn decode_seeking(
         &self,
         bytes: &[u8],
@@ -418,7 +421,9 @@ impl DecodeTransform {
         buf: &mut Vec<u8>,
     ) -> Option<RegionInfo> {
         let index = self.seek.as_ref()?;
-        key?;
+        // Without a key nothing is remembered, and marking MCUs only to
+        // use them once costs more than it saves.
+        let key = key?;
         let layout = Layout::parse(bytes)?;
         // Two output pixels around the region keep their real neighbours
         // for libjpeg's chroma upsampling.
@@ -438,9 +443,7 @@ impl DecodeTransform {
         } else {
             (end as usize - 1) * mpr as usize + c1 as usize
         };
-        // Without a key nothing is remembered, and marking rows only to
-        // use them once costs more than it saves.
-        let marks = index.marks(key?, bytes, &layout, upto)?;
+        let marks = index.marks(key, bytes, &layout, upto)?;
         let scaled = |v: u32| v * num / 8;
         if !full_width {
             // A table without the category a re-coded DC difference needs
@@ -470,31 +473,29 @@ impl DecodeTransform {
                 return decoded;
             }
         }
-        {
-            // Only the rows above are skipped: libjpeg reads the rest of
-            // the file in place after a synthetic row standing in for the
-            // one before `row` (see `Layout::splice`), full width.
-            if row < 2 {
-                return None;
-            }
-            let mark = marks.get((row * mpr) as usize)?;
-            let (head, tail) = layout.splice(bytes, mark, row, end)?;
-            let off = (row - 1) * row_px;
-            let mut info = crate::libjpeg::decode_spliced_into(
-                &head,
-                bytes.get(tail..)?,
-                num,
-                self.decode.fast,
-                x,
-                y - off,
-                w,
-                h,
-                buf,
-            )
-            .ok()??;
-            info.y += scaled(off);
-            Some(info)
+        // Only the rows above are skipped: libjpeg reads the rest of the
+        // file in place after a synthetic row standing in for the one
+        // before `row` (see `Layout::splice`), full width.
+        if row < 2 {
+            return None;
         }
+        let mark = marks.get((row * mpr) as usize)?;
+        let (head, tail) = layout.splice(bytes, mark, row, end)?;
+        let off = (row - 1) * row_px;
+        let mut info = crate::libjpeg::decode_spliced_into(
+            &head,
+            bytes.get(tail..)?,
+            num,
+            self.decode.fast,
+            x,
+            y - off,
+            w,
+            h,
+            buf,
+        )
+        .ok()??;
+        info.y += scaled(off);
+        Some(info)
     }
 
     fn fused(
