@@ -133,11 +133,13 @@ impl Huff {
                 let rest = (p << pos) & ((1 << MULTI_BITS) - 1);
                 let e = self.lut[(rest >> (MULTI_BITS - LUT_BITS)) as usize];
                 let (len, sym) = (u32::from(e >> 8), e as u8);
-                if e == 0 || len + u32::from(sym & 15) > avail {
+                let step = u32::from(Huff::step(sym));
+                // Steps past a block's 63 coefficients never apply (and
+                // would not fit the entry's 7 bits).
+                if e == 0 || len + u32::from(sym & 15) > avail || steps + step > 63 {
                     break;
                 }
                 pos += len + u32::from(sym & 15);
-                let step = u32::from(Huff::step(sym));
                 if step == 0 {
                     ended = true;
                     break;
@@ -1161,6 +1163,43 @@ mod tests {
             })
             .join()
             .unwrap();
+        }
+    }
+
+    /// Every multi-symbol entry agrees with decoding its prefix one symbol
+    /// at a time, and never spans more than 63 coefficients — also for a
+    /// table whose zero run (16 zeros) has a one-bit code.
+    #[test]
+    fn multi_symbol_entries_agree_with_single_symbols() {
+        let jpeg = crate::synth::jpeg(1, 1, 90).unwrap();
+        let standard = Layout::parse(&jpeg).unwrap().ac[0].as_ref().clone();
+        // ZRL: 0, EOB: 10, (0,1): 110, (0,2): 1110.
+        let mut counts = [0u8; 16];
+        counts[..4].copy_from_slice(&[1, 1, 1, 1]);
+        let odd = Huff::new(&counts, &[0xF0, 0x00, 0x01, 0x02]).unwrap();
+        for mut t in [standard, odd] {
+            t.build_multi();
+            for p in 0..1u32 << MULTI_BITS {
+                let m = u32::from(t.multi[p as usize]);
+                if m == 0 {
+                    continue;
+                }
+                let (bits, steps, ended) = (m >> 8, (m >> 1) & 127, m & 1 == 1);
+                assert!(bits <= MULTI_BITS && steps <= 63, "prefix {p:#x}");
+                // The same prefix, one symbol at a time.
+                let (mut pos, mut k, mut end) = (0, 0, false);
+                while pos < bits {
+                    let acc = u64::from(p) << (64 - MULTI_BITS + pos);
+                    let e = t.lut[(acc >> (64 - LUT_BITS)) as usize];
+                    let (len, sym) = (u32::from(e >> 8), e as u8);
+                    pos += len + u32::from(sym & 15);
+                    match Huff::step(sym) {
+                        0 => end = true,
+                        s => k += u32::from(s),
+                    }
+                }
+                assert_eq!((pos, k, end), (bits, steps, ended), "prefix {p:#x}");
+            }
         }
     }
 
