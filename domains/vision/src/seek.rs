@@ -247,19 +247,19 @@ impl std::fmt::Debug for Layout {
     }
 }
 
-/// Where an iMCU row's data starts, and the DC predictors there.
+/// Where an MCU's data starts, and the DC predictors there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mark {
-    /// Byte offset in the file of the row's first bit.
+    /// Byte offset in the file of the MCU's first bit.
     pub byte: u32,
-    /// Bits of that byte that belong to the row before (0–7).
+    /// Bits of that byte that belong to the MCU before (0–7).
     pub bit: u8,
-    /// Each component's DC predictor.
+    /// Each component's DC predictor (unused ones 0).
     pub dc: [i16; 3],
 }
 
 impl Mark {
-    /// The start of the image data: row 0.
+    /// The start of the image data: MCU 0.
     pub fn start(layout: &Layout) -> Mark {
         Mark {
             byte: layout.data_start as u32,
