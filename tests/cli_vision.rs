@@ -349,6 +349,7 @@ fn the_scan_index_leaves_every_batch_unchanged() {
     let data = d.path().join("data");
     make_dataset(&data, 12, 4);
     let dump = |name: &str, index: &str| {
+        let report = d.path().join(format!("{name}.json"));
         let args = [
             "--epochs",
             "3",
@@ -358,18 +359,34 @@ fn the_scan_index_leaves_every_batch_unchanged() {
             "5",
             "--scan-index",
             index,
+            "--report-json",
+            report.to_str().unwrap(),
         ];
         let out = dump_to(&data, d.path().join(name), &args);
-        (0..9)
+        let batches = (0..9)
             .map(|b| std::fs::read(out.join(format!("images_{b:06}.npy"))).unwrap())
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        (batches, r)
     };
-    let with = dump("with", "32MiB");
-    let without = dump("without", "0");
+    let (with, report) = dump("with", "32MiB");
+    let (without, plain) = dump("without", "0");
     assert_eq!(with.len(), 9);
     for (b, (a, z)) in with.iter().zip(&without).enumerate() {
         assert!(a == z, "batch {b} differs with the scan index");
     }
+    // The report says what the index did: all 12 images marked, and later
+    // epochs found marks they needed.
+    if ferrofeed::vision::libjpeg::AVAILABLE {
+        assert_eq!(report["scan_index_images"], 12, "{report}");
+        assert!(report["scan_index_hits"].as_u64().unwrap() > 0, "{report}");
+        assert!(
+            report["scan_index_bytes"].as_u64().unwrap() > 12 * 1000,
+            "{report}"
+        );
+    }
+    assert!(plain.get("scan_index_images").is_none(), "{plain}");
 }
 
 #[test]

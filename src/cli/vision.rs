@@ -3,6 +3,7 @@
 //! ```text
 //! ferrofeed vision DIR --transform train --size 224 --batch-size 64
 //! ```
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
 use ferrofeed_vision::cache::ImageCache;
 use ferrofeed_vision::seek::ScanIndex;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
+use serde_json::json;
 
 use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
 use super::{CommonArgs, MakeArgs};
@@ -294,6 +296,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     if c.epochs > 1 && index_bytes > 0 {
         stage.seek = Some(ScanIndex::new(index_bytes));
     }
+    let scan_index = stage.seek.clone();
     for w in &resources.warnings {
         tracing::warn!("{w}: falling back");
     }
@@ -322,7 +325,20 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || index_entries(&ds);
-    run_epochs(RunSpec::new("vision", &pipeline, c, &index, &resources))
+    let extra = |_seconds: f64| {
+        let mut m = BTreeMap::new();
+        if let Some(s) = &scan_index {
+            m.insert("scan_index_images".to_string(), json!(s.images()));
+            m.insert("scan_index_bytes".to_string(), json!(s.bytes()));
+            // Decodes that found every mark they needed / that parsed some.
+            m.insert("scan_index_hits".to_string(), json!(s.hits()));
+            m.insert("scan_index_misses".to_string(), json!(s.misses()));
+        }
+        m
+    };
+    let mut spec = RunSpec::new("vision", &pipeline, c, &index, &resources);
+    spec.extra = &extra;
+    run_epochs(spec)
 }
 
 pub fn inspect(a: InspectArgs) -> Result<(), CliError> {

@@ -985,12 +985,17 @@ impl ScanIndex {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// Lookups that found the row they needed already marked.
+    /// Images with marks.
+    pub fn images(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Lookups that found every mark they needed.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// Lookups that had to parse rows.
+    /// Lookups that had to parse MCUs.
     pub fn misses(&self) -> u64 {
         self.misses.load(Ordering::Relaxed)
     }
