@@ -477,45 +477,48 @@ impl Layout {
     }
 
     /// A whole stand-in JPEG of MCU rows `row..end` and MCU columns
-    /// `c0..c1`, from `marks` (which must reach mark `(end - 1) ×
+    /// `c0..c1`, written into `out` (cleared first; a reused buffer costs
+    /// no allocation), from `marks` (which must reach mark `(end - 1) ×
     /// mcus_per_row + c1`): the headers with the size cut down, then per
-    /// row one synthetic MCU, which sets the DC predictors to what MCU `c0`
-    /// expects and ends on the bit where MCU `c0`'s data starts, followed
-    /// by the row's original bytes for MCUs `c0..c1`, copied as they are.
-    /// The synthetic MCUs form a column of garbage pixels at the left, so
-    /// pixel `(x, y)` of the original is `(x - (c0 - 1) × col_px, y - row ×
-    /// row_px)` here. `None` when the tables cannot code what the synthetic
-    /// MCUs need, or the data is bad.
+    /// row `lead` synthetic MCUs, which set the DC predictors to what MCU
+    /// `c0` expects and end on the bit where MCU `c0`'s data starts,
+    /// followed by the row's original bytes for MCUs `c0..c1`, copied as
+    /// they are. Returns `lead`: 1, or up to 8 when the DC table lacks the
+    /// categories to reach a row's predictors in one block per component.
+    /// The synthetic MCUs form a band of garbage pixels at the left, so
+    /// pixel `(x, y)` of the original is `(x - c0 × col_px + lead × col_px,
+    /// y - row × row_px)` here. `None` when the tables cannot code what the
+    /// synthetic MCUs need, or the data is bad.
     pub fn crop(
-        &self,
-        bytes: &[u8],
-        marks: &[Mark],
-        row: u32,
-        end: u32,
-        c0: u32,
-        c1: u32,
-    ) -> Option<Vec<u8>> {
-        let mut out = Vec::new();
-        self.crop_into(bytes, marks, (row, end, c0, c1), &mut out)?;
-        Some(out)
-    }
-
-    /// [`crop`](Self::crop) into `out` (cleared first; a reused buffer
-    /// costs no allocation).
-    pub fn crop_into(
         &self,
         bytes: &[u8],
         marks: &[Mark],
         (row, end, c0, c1): (u32, u32, u32, u32),
         out: &mut Vec<u8>,
-    ) -> Option<()> {
+    ) -> Option<u32> {
         if row >= end || end > self.rows || c0 >= c1 || c1 > self.mcus_per_row {
             return None;
         }
         let mpr = self.mcus_per_row as usize;
         let at = |r: u32, c: u32| marks.get(r as usize * mpr + c as usize);
+        // The fewest synthetic columns whose blocks can carry every row's
+        // change of predictors.
+        let lead = [1u32, 2, 4, 8].into_iter().find(|&k| {
+            let mut pred = [0i32; 3];
+            (row..end).all(|r| {
+                let (Some(start), Some(stop)) = (at(r, c0), at(r, c1)) else {
+                    return false;
+                };
+                let ok = self.comps.iter().enumerate().all(|(c, comp)| {
+                    let blocks = (k * comp.h * comp.v) as usize;
+                    dc_reachable(&self.dc[comp.dc], i32::from(start.dc[c]) - pred[c], blocks)
+                });
+                pred = stop.dc.map(i32::from);
+                ok
+            })
+        })?;
         let height = (end * self.row_px).min(self.height) - row * self.row_px;
-        let width = (c1 * self.col_px).min(self.width) - c0 * self.col_px + self.col_px;
+        let width = (c1 * self.col_px).min(self.width) - c0 * self.col_px + lead * self.col_px;
         let (first, last) = (at(row, c0)?, at(end - 1, c1)?);
         let room = self.data_start
             + last.byte.checked_sub(first.byte)? as usize
@@ -534,7 +537,7 @@ impl Layout {
         let mut pred = [0i32; 3];
         for r in row..end {
             let (start, stop) = (at(r, c0)?, at(r, c1)?);
-            self.synthetic_mcus(&mut w, 1, pred, start.dc, start.bit)?;
+            self.synthetic_mcus(&mut w, lead, pred, start.dc, start.bit)?;
             let from = w.merge(bytes, start)?;
             w.out
                 .extend_from_slice(bytes.get(from..stop.byte as usize)?);
@@ -551,7 +554,7 @@ impl Layout {
         }
         w.out.extend_from_slice(&[0xFF, 0xD9]);
         *out = w.out;
-        Some(())
+        Some(lead)
     }
 
     /// Writes `mcus` MCUs that carry only DC differences (taking each
@@ -645,29 +648,58 @@ fn category(d: i32) -> u32 {
 /// DC differences for `blocks` blocks summing to `target`, using only the
 /// categories the table can code; `None` when it cannot.
 fn dc_steps(t: &Huff, target: i32, blocks: usize) -> Option<Vec<i32>> {
-    let has = |cat: u32| t.enc.get(cat as usize).is_some_and(|e| e.1 > 0);
-    let mut out = Vec::with_capacity(blocks);
-    let mut rest = target;
-    while rest != 0 {
-        let cat = category(rest);
-        let step = if has(cat) {
-            rest
-        } else {
-            // The largest codable category below; several steps then.
-            let c = (1..cat).rev().find(|&c| has(c))?;
-            rest.signum() * ((1 << c) - 1)
-        };
-        out.push(step);
-        rest -= step;
-        if out.len() > blocks {
-            return None;
-        }
-    }
-    if out.len() < blocks && !has(0) {
+    let mut out = dc_plan(t, target, blocks.min(DC_PLAN_DEPTH))?;
+    if out.len() < blocks && t.enc[0].1 == 0 {
         return None;
     }
     out.resize(blocks, 0);
     Some(out)
+}
+
+/// Whether [`dc_steps`] can reach `target` within `blocks` blocks.
+fn dc_reachable(t: &Huff, target: i32, blocks: usize) -> bool {
+    dc_plan(t, target, blocks.min(DC_PLAN_DEPTH))
+        .is_some_and(|p| p.len() == blocks || t.enc[0].1 > 0)
+}
+
+/// The most DC differences [`dc_plan`] searches over (2^this paths at most).
+const DC_PLAN_DEPTH: usize = 8;
+
+/// Codable differences summing to `target`, at most `max` of them: all of
+/// it when its category is in the table, else the fewer-step of two ways
+/// on — the most of the largest codable category below, or the least of
+/// the smallest codable category above (overshooting, to come back).
+fn dc_plan(t: &Huff, target: i32, max: usize) -> Option<Vec<i32>> {
+    if target == 0 {
+        return Some(Vec::new());
+    }
+    if max == 0 {
+        return None;
+    }
+    let has = |cat: u32| t.enc.get(cat as usize).is_some_and(|e| e.1 > 0);
+    let cat = category(target);
+    if has(cat) {
+        return Some(vec![target]);
+    }
+    let sign = target.signum();
+    let below = (1..cat)
+        .rev()
+        .find(|&c| has(c))
+        .map(|c| sign * ((1 << c) - 1));
+    let above = (cat + 1..=11)
+        .find(|&c| has(c))
+        .map(|c| sign * (1 << (c - 1)));
+    let mut best: Option<Vec<i32>> = None;
+    for step in [below, above].into_iter().flatten() {
+        if let Some(rest) = dc_plan(t, target - step, max - 1) {
+            if best.as_ref().is_none_or(|b| rest.len() + 1 < b.len()) {
+                let mut plan = vec![step];
+                plan.extend(rest);
+                best = Some(plan);
+            }
+        }
+    }
+    best
 }
 
 /// AC symbols (run 0) whose codes plus value bits add `need` bits modulo 8,
@@ -1112,39 +1144,61 @@ mod tests {
         if !crate::libjpeg::AVAILABLE {
             return;
         }
-        let jpeg = crate::synth::jpeg(4, 7, 90).unwrap();
-        let layout = Layout::parse(&jpeg).unwrap();
-        let mut marks = vec![Mark::start(&layout)];
-        layout.scan(&jpeg, &mut marks, layout.mcus()).unwrap();
-        let full = crate::decode::decode(&jpeg, &Default::default()).unwrap();
-        let (rp, cp) = (layout.row_px(), layout.col_px());
-        let (rows, cols) = (layout.rows(), layout.mcus_per_row());
-        assert!(rows >= 12 && cols >= 12, "{rows} × {cols} MCUs");
-        let cases = [
-            (0, 1, 0, 1),
-            (3, 9, 2, 10),
-            (7, rows, cols - 5, cols),
-            (0, rows, 1, cols - 1),
-            (rows - 1, rows, cols - 1, cols),
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/vision/");
+        let files = [
+            crate::synth::jpeg(4, 7, 90).unwrap(),
+            std::fs::read(format!("{dir}optimized.jpg")).unwrap(),
+            // Red at both edges, blue in the middle, with tables fitted to
+            // it: its chroma DC table lacks the categories of an edge-to-
+            // middle jump, so those stand-ins need several synthetic MCUs.
+            std::fs::read(format!("{dir}chroma_swing.jpg")).unwrap(),
         ];
-        for (row, end, c0, c1) in cases {
-            let stream = layout.crop(&jpeg, &marks, row, end, c0, c1).unwrap();
-            let mut buf = Vec::new();
-            let (w, h) = ((c1 - c0 + 1) * cp, (end - row) * rp);
-            let info = crate::libjpeg::decode_region_into(&stream, 8, false, 0, 0, w, h, &mut buf)
-                .unwrap()
-                .unwrap();
-            let sw = info.width as usize;
-            for y in row * rp + 2..(end * rp).min(full.height) - 2 {
-                for x in c0 * cp + 2..(c1 * cp).min(full.width) - 2 {
-                    let sx = (x - c0 * cp + cp) as usize;
-                    let sy = (y - row * rp) as usize;
-                    let got = &buf[(sy * sw + sx) * 3..][..3];
-                    let want = &full.data[((y * full.width + x) * 3) as usize..][..3];
-                    assert_eq!(got, want, "crop {row}..{end} × {c0}..{c1} at ({x}, {y})");
+        let mut leads = std::collections::BTreeMap::new();
+        for jpeg in &files {
+            let layout = Layout::parse(jpeg).unwrap();
+            let mut marks = vec![Mark::start(&layout)];
+            layout.scan(jpeg, &mut marks, layout.mcus()).unwrap();
+            let full = crate::decode::decode(jpeg, &Default::default()).unwrap();
+            let (rp, cp) = (layout.row_px(), layout.col_px());
+            let (rows, cols) = (layout.rows(), layout.mcus_per_row());
+            let mut cases = vec![
+                (0, 1, 0, 1),
+                (0, rows, 1, cols - 1),
+                (rows - 1, rows, cols - 1, cols),
+            ];
+            for c0 in 0..cols {
+                for c1 in c0 + 1..=cols {
+                    cases.push((rows / 3, rows / 3 + 2, c0, c1));
+                }
+            }
+            for (row, end, c0, c1) in cases {
+                let mut stream = Vec::new();
+                let lead = layout
+                    .crop(jpeg, &marks, (row, end, c0, c1), &mut stream)
+                    .unwrap();
+                *leads.entry(lead).or_insert(0) += 1;
+                let mut buf = Vec::new();
+                let (w, h) = ((c1 - c0 + lead) * cp, (end - row) * rp);
+                let info =
+                    crate::libjpeg::decode_region_into(&stream, 8, false, 0, 0, w, h, &mut buf)
+                        .unwrap()
+                        .unwrap();
+                let sw = info.width as usize;
+                for y in row * rp + 2..(end * rp).min(full.height) - 2 {
+                    for x in c0 * cp + 2..(c1 * cp).min(full.width) - 2 {
+                        let sx = (x - c0 * cp + lead * cp) as usize;
+                        let sy = (y - row * rp) as usize;
+                        let got = &buf[(sy * sw + sx) * 3..][..3];
+                        let want = &full.data[((y * full.width + x) * 3) as usize..][..3];
+                        assert_eq!(got, want, "crop {row}..{end} × {c0}..{c1} at ({x}, {y})");
+                    }
                 }
             }
         }
+        assert!(
+            leads.keys().any(|&l| l > 1),
+            "stand-ins by synthetic columns: {leads:?}"
+        );
     }
 
     /// Skipping several AC symbols per lookup marks the same places as one

@@ -450,22 +450,22 @@ impl DecodeTransform {
             // leaves the full-width splice, whose marks are already there.
             let decoded = STAND_IN.with(|stream| {
                 let mut stream = stream.borrow_mut();
-                layout.crop_into(bytes, &marks, (row, end, c0, c1), &mut stream)?;
-                // The stand-in starts one synthetic MCU column left of c0.
-                let (dx, dy) = (c0 * col_px, row * row_px);
+                let lead = layout.crop(bytes, &marks, (row, end, c0, c1), &mut stream)?;
+                // The stand-in starts `lead` synthetic MCU columns left of c0.
+                let (dx, dy, lx) = (c0 * col_px, row * row_px, lead * col_px);
                 let mut info = crate::libjpeg::decode_spliced_into(
                     &stream,
                     &[],
                     num,
                     self.decode.fast,
-                    x - dx + col_px,
+                    x - dx + lx,
                     y - dy,
                     w,
                     h,
                     buf,
                 )
                 .ok()??;
-                info.x = (info.x + scaled(dx)).checked_sub(scaled(col_px))?;
+                info.x = (info.x + scaled(dx)).checked_sub(scaled(lx))?;
                 info.y += scaled(dy);
                 Some(info)
             });
@@ -706,6 +706,7 @@ mod tests {
             "gray",
             "eval_landscape",
             "optimized",
+            "chroma_swing",
         ]
         .iter()
         .map(|n| {

@@ -47,6 +47,21 @@ convert "$tmp/ds/class_01/img_000001.jpg" -rotate 90 -quality 90 -sampling-facto
 rm -rf "$tmp"
 # Huffman tables fitted to the image (only the symbols it uses).
 djpeg eval_landscape.jpg | cjpeg -quality 85 -optimize > optimized.jpg
+# Red at both edges, blue in the middle, tables fitted to it: its chroma DC
+# table cannot code an edge-to-middle jump in one difference.
+python3 - <<'PY'
+from PIL import Image
+W, H = 256, 64
+im = Image.new("RGB", (W, H))
+px = im.load()
+for y in range(H):
+    for x in range(W):
+        t = 1 - abs(2 * x / (W - 1) - 1)
+        px[x, y] = (round(230 * (1 - t)), 20, round(230 * t))
+im.save("swing.ppm")
+PY
+cjpeg -quality 90 -optimize swing.ppm > chroma_swing.jpg
+rm swing.ppm
 # Hostile inputs.
 head -c $(( $(stat -c %s baseline_420.jpg) / 2 )) baseline_420.jpg > truncated.jpg
 : > empty.jpg
