@@ -648,7 +648,8 @@ fn category(d: i32) -> u32 {
 /// DC differences for `blocks` blocks summing to `target`, using only the
 /// categories the table can code; `None` when it cannot.
 fn dc_steps(t: &Huff, target: i32, blocks: usize) -> Option<Vec<i32>> {
-    let mut out = dc_plan(t, target, blocks.min(DC_PLAN_DEPTH))?;
+    let mut out =
+        dc_plan(t, target, blocks.min(DC_PLAN_DEPTH)).or_else(|| dc_greedy(t, target, blocks))?;
     if out.len() < blocks && t.enc[0].1 == 0 {
         return None;
     }
@@ -658,17 +659,69 @@ fn dc_steps(t: &Huff, target: i32, blocks: usize) -> Option<Vec<i32>> {
 
 /// Whether [`dc_steps`] can reach `target` within `blocks` blocks.
 fn dc_reachable(t: &Huff, target: i32, blocks: usize) -> bool {
+    let has = |cat: u32| t.enc[cat as usize].1 > 0;
+    // The common case, without building a plan: one codable step.
+    if target != 0 && has(category(target)) && (blocks == 1 || has(0)) {
+        return true;
+    }
     dc_plan(t, target, blocks.min(DC_PLAN_DEPTH))
+        .or_else(|| dc_greedy(t, target, blocks))
         .is_some_and(|p| p.len() == blocks || t.enc[0].1 > 0)
+}
+
+/// Two codable nonzero differences summing to `target`, if any: each
+/// category with a sign is an interval of values, so each pair of them is
+/// one check.
+fn dc_pair(t: &Huff, target: i32) -> Option<(i32, i32)> {
+    let ranges: Vec<(i32, i32)> = (1..=11u32)
+        .filter(|&c| t.enc[c as usize].1 > 0)
+        .flat_map(|c| {
+            let (lo, hi) = (1 << (c - 1), (1 << c) - 1);
+            [(lo, hi), (-hi, -lo)]
+        })
+        .collect();
+    for &(alo, ahi) in &ranges {
+        for &(blo, bhi) in &ranges {
+            // b in [blo, bhi] and a = target - b in [alo, ahi].
+            let lo = blo.max(target - ahi);
+            if lo <= bhi.min(target - alo) {
+                return Some((target - lo, lo));
+            }
+        }
+    }
+    None
+}
+
+/// Codable differences summing to `target`, at most `max`, each the most
+/// of the largest codable category not above the rest: many small steps,
+/// for tables with only small categories and many blocks to spend.
+fn dc_greedy(t: &Huff, target: i32, max: usize) -> Option<Vec<i32>> {
+    let has = |cat: u32| t.enc.get(cat as usize).is_some_and(|e| e.1 > 0);
+    let mut out = Vec::new();
+    let mut rest = target;
+    while rest != 0 {
+        let cat = category(rest);
+        let step = match (1..=cat).rev().find(|&c| has(c))? {
+            c if c == cat => rest,
+            c => rest.signum() * ((1 << c) - 1),
+        };
+        out.push(step);
+        rest -= step;
+        if out.len() > max {
+            return None;
+        }
+    }
+    Some(out)
 }
 
 /// The most DC differences [`dc_plan`] searches over (2^this paths at most).
 const DC_PLAN_DEPTH: usize = 8;
 
 /// Codable differences summing to `target`, at most `max` of them: all of
-/// it when its category is in the table, else the fewer-step of two ways
-/// on — the most of the largest codable category below, or the least of
-/// the smallest codable category above (overshooting, to come back).
+/// it when its category is in the table, else two that sum to it when
+/// some do, else the fewer-step of two ways on — the most of the largest
+/// codable category below, or the least of the smallest codable category
+/// above (overshooting, to come back).
 fn dc_plan(t: &Huff, target: i32, max: usize) -> Option<Vec<i32>> {
     if target == 0 {
         return Some(Vec::new());
@@ -680,6 +733,11 @@ fn dc_plan(t: &Huff, target: i32, max: usize) -> Option<Vec<i32>> {
     let cat = category(target);
     if has(cat) {
         return Some(vec![target]);
+    }
+    if max >= 2 {
+        if let Some((a, b)) = dc_pair(t, target) {
+            return Some(vec![a, b]);
+        }
     }
     let sign = target.signum();
     let below = (1..cat)
@@ -1198,6 +1256,59 @@ mod tests {
         assert!(
             leads.keys().any(|&l| l > 1),
             "stand-ins by synthetic columns: {leads:?}"
+        );
+    }
+
+    /// DC differences come out codable and summing to the target, for a
+    /// full table, one with gaps (overshooting helps) and one with only
+    /// small categories (many steps), or not at all when impossible.
+    #[test]
+    fn dc_steps_are_codable_and_sum_to_the_target() {
+        let table = |cats: &[u8]| {
+            let mut counts = [0u8; 16];
+            counts[3] = cats.len() as u8; // all 4-bit codes
+            Huff::new(&counts, cats).unwrap()
+        };
+        let full = table(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        let gaps = table(&[0, 1, 6, 7, 9]);
+        let small = table(&[0, 1, 2, 3]);
+        let no_zero = table(&[1, 6, 7]);
+        for (t, name) in [
+            (&full, "full"),
+            (&gaps, "gaps"),
+            (&small, "small"),
+            (&no_zero, "no zero"),
+        ] {
+            for target in [
+                -2047, -1000, -129, -20, -3, 0, 1, 2, 20, 63, 64, 200, 700, 2047,
+            ] {
+                for blocks in [1, 2, 4, 8, 64, 128, 512] {
+                    let Some(steps) = dc_steps(t, target, blocks) else {
+                        assert!(!dc_reachable(t, target, blocks), "{name} {target} {blocks}");
+                        continue;
+                    };
+                    assert_eq!(steps.len(), blocks, "{name} {target} {blocks}");
+                    assert_eq!(
+                        steps.iter().sum::<i32>(),
+                        target,
+                        "{name} {target} {blocks}"
+                    );
+                    assert!(
+                        steps.iter().all(|&d| t.enc[category(d) as usize].1 > 0),
+                        "{name} {target}: {steps:?}"
+                    );
+                    assert!(dc_reachable(t, target, blocks));
+                }
+            }
+        }
+        // What each must reach.
+        assert!(dc_steps(&full, 2047, 1).is_some());
+        assert!(dc_steps(&gaps, 20, 2).is_some(), "52 - 32");
+        assert!(dc_steps(&small, 700, 128).is_some(), "100 steps of 7");
+        assert!(dc_steps(&small, 700, 8).is_none());
+        assert!(
+            dc_steps(&no_zero, 0, 2).is_none(),
+            "no way to code a zero difference"
         );
     }
 
