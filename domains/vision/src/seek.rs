@@ -1042,6 +1042,8 @@ struct Entry {
     /// Identifies the file: its length and a hash of its headers and end.
     check: (usize, u64),
     marks: Arc<Vec<Mark>>,
+    /// Bytes counted against the cap.
+    size: usize,
 }
 
 impl std::fmt::Debug for ScanIndex {
@@ -1103,47 +1105,62 @@ impl ScanIndex {
     ) -> Option<Arc<Vec<Mark>>> {
         let upto = upto.min(layout.mcus());
         let check = (bytes.len(), file_hash(bytes, layout.data_start));
-        let known = {
-            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            inner
-                .get(&key)
-                .filter(|e| e.check == check)
-                .map(|e| Arc::clone(&e.marks))
-        };
-        if let Some(m) = &known {
-            if m.len() > upto {
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                return known;
-            }
-        }
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        // Room for the whole image's marks, so a stored entry can grow.
+        // Room for the whole image's marks, so an entry grows in place.
         let full = ENTRY_OVERHEAD + (layout.mcus() + 1) * std::mem::size_of::<Mark>();
-        if known.is_none() && self.bytes() + full > self.max_bytes {
-            return None;
-        }
-        // Capacity for every mark at once: an entry never reallocates as
-        // it grows, and holds no more than the cap counted.
-        let mut marks = Vec::with_capacity(layout.mcus() + 1);
-        match known {
-            Some(m) => marks.extend_from_slice(&m),
-            None => marks.push(Mark::start(layout)),
-        }
-        layout.scan(bytes, &mut marks, upto)?;
+        // An entry that must grow is taken out while it does: a sample is
+        // decoded by one worker at a time, and an entry held alone grows
+        // without a copy.
+        let taken = {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            match inner.get(&key) {
+                Some(e) if e.check == check && e.marks.len() > upto => {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    return Some(Arc::clone(&e.marks));
+                }
+                Some(e) if e.check == check => inner.remove(&key),
+                Some(_) => {
+                    // Another file under this key: forget the old one.
+                    if let Some(old) = inner.remove(&key) {
+                        self.bytes.fetch_sub(old.size, Ordering::Relaxed);
+                    }
+                    None
+                }
+                None => None,
+            }
+        };
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let (mut marks, size) = match taken {
+            Some(e) => {
+                let marks = Arc::try_unwrap(e.marks).unwrap_or_else(|shared| {
+                    let mut v = Vec::with_capacity(layout.mcus() + 1);
+                    v.extend_from_slice(&shared);
+                    v
+                });
+                (marks, e.size)
+            }
+            None => {
+                if self.bytes() + full > self.max_bytes {
+                    return None;
+                }
+                self.bytes.fetch_add(full, Ordering::Relaxed);
+                let mut v = Vec::with_capacity(layout.mcus() + 1);
+                v.push(Mark::start(layout));
+                (v, full)
+            }
+        };
+        let scanned = layout.scan(bytes, &mut marks, upto);
         let marks = Arc::new(marks);
+        // Marks found before a failure are still right: kept either way.
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if inner
-            .insert(
-                key,
-                Entry {
-                    check,
-                    marks: Arc::clone(&marks),
-                },
-            )
-            .is_none()
-        {
-            self.bytes.fetch_add(full, Ordering::Relaxed);
+        let entry = Entry {
+            check,
+            marks: Arc::clone(&marks),
+            size,
+        };
+        if let Some(raced) = inner.insert(key, entry) {
+            self.bytes.fetch_sub(raced.size, Ordering::Relaxed);
         }
+        scanned?;
         Some(marks)
     }
 }
@@ -1371,6 +1388,39 @@ mod tests {
                 assert_eq!((pos, k, end), (bits, steps, ended), "prefix {p:#x}");
             }
         }
+    }
+
+    /// The index keeps to its cap, grows an entry in place, answers from
+    /// it once it reaches far enough, and replaces an entry whose file
+    /// changed.
+    #[test]
+    fn the_index_keeps_its_cap_and_grows_entries_in_place() {
+        let jpegs: Vec<Vec<u8>> = (0..3)
+            .map(|i| crate::synth::jpeg(5, i, 90).unwrap())
+            .collect();
+        let layouts: Vec<Layout> = jpegs.iter().map(|j| Layout::parse(j).unwrap()).collect();
+        let size = |l: &Layout| ENTRY_OVERHEAD + (l.mcus() + 1) * std::mem::size_of::<Mark>();
+        let cap = size(&layouts[0]) + size(&layouts[1]);
+        let index = ScanIndex::new(cap);
+        let first = index.marks(0, &jpegs[0], &layouts[0], 40).unwrap();
+        assert_eq!(first.len(), 41);
+        let data = first.as_ptr();
+        drop(first);
+        let grown = index.marks(0, &jpegs[0], &layouts[0], 400).unwrap();
+        assert_eq!(grown.len(), 401);
+        assert_eq!(grown.as_ptr(), data, "the entry was copied to grow");
+        let hit = index.marks(0, &jpegs[0], &layouts[0], 100).unwrap();
+        assert_eq!((hit.len(), index.hits(), index.misses()), (401, 1, 2));
+        assert!(index.marks(1, &jpegs[1], &layouts[1], 10).is_some());
+        assert!(
+            index.marks(2, &jpegs[2], &layouts[2], 10).is_none(),
+            "past the cap"
+        );
+        assert_eq!((index.images(), index.bytes()), (2, cap));
+        // Key 1 now names another file: its marks are made afresh.
+        let other = index.marks(1, &jpegs[0], &layouts[0], 5).unwrap();
+        assert_eq!(other[..], grown[..6]);
+        assert_eq!(index.bytes(), size(&layouts[0]) * 2);
     }
 
     /// Corrupt data (an impossible Huffman code) is refused, not skipped.
