@@ -4,6 +4,9 @@
 //! `image`), EXIF orientation, torchvision-compatible RandomResizedCrop,
 //! antialiased Resize and CenterCrop (the [`resample`] module), flips,
 //! normalisation, and a collate that writes CHW rows straight into the batch.
+//! JPEG crops decode through libjpeg-turbo when present, and from the second
+//! epoch on only the MCUs they cover, found through a scan index of where
+//! each MCU starts (the [`seek`] module).
 //!
 //! ```
 //! use ferrofeed_core::prelude::*;
