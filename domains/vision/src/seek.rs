@@ -77,19 +77,6 @@ struct Huff {
 }
 
 impl Huff {
-    /// A table with no codes (a slot no DHT filled).
-    fn empty() -> Huff {
-        Huff {
-            lut: vec![0; 1 << LUT_BITS],
-            maxcode: [-1; 17],
-            delta: [0; 17],
-            vals: Vec::new(),
-            enc: vec![(0, 0); 256],
-            skip: vec![0; 1 << LUT_BITS],
-            multi: Vec::new(),
-        }
-    }
-
     /// The table for a DHT entry (`class`, then its 16 counts and its
     /// symbols), built once per thread: datasets mostly share a few tables.
     fn cached(class: u8, spec: &[u8]) -> Option<Arc<Huff>> {
@@ -152,6 +139,12 @@ impl Huff {
         }
     }
 
+    /// Whether the table has a code for `sym` (for a DC table: whether it
+    /// can code differences of that category).
+    fn codes(&self, sym: u32) -> bool {
+        self.enc.get(sym as usize).is_some_and(|e| e.1 > 0)
+    }
+
     /// How an AC symbol moves the coefficient index: 0 for end-of-block.
     fn step(sym: u8) -> u16 {
         let (run, size) = (u16::from(sym >> 4), sym & 15);
@@ -208,13 +201,13 @@ impl Huff {
     }
 }
 
-/// A component of the scan: sampling factors and table choices.
-#[derive(Clone, Copy, Debug, Default)]
+/// A component of the scan: sampling factors and its Huffman tables.
+#[derive(Clone)]
 struct Comp {
     h: u32,
     v: u32,
-    dc: usize,
-    ac: usize,
+    dc: Arc<Huff>,
+    ac: Arc<Huff>,
 }
 
 /// The frame and scan of a baseline JPEG that can be seeked: one scan
@@ -227,8 +220,6 @@ pub struct Layout {
     width: u32,
     height: u32,
     comps: Vec<Comp>,
-    dc: Vec<Arc<Huff>>,
-    ac: Vec<Arc<Huff>>,
     mcus_per_row: u32,
     rows: u32,
     row_px: u32,
@@ -240,7 +231,10 @@ impl std::fmt::Debug for Layout {
         f.debug_struct("Layout")
             .field("width", &self.width)
             .field("height", &self.height)
-            .field("comps", &self.comps)
+            .field(
+                "sampling",
+                &self.comps.iter().map(|c| (c.h, c.v)).collect::<Vec<_>>(),
+            )
             .field("mcus_per_row", &self.mcus_per_row)
             .field("rows", &self.rows)
             .finish()
@@ -360,14 +354,11 @@ impl Layout {
                             return None;
                         }
                         let (td, ta) = (usize::from(sel[1] >> 4), usize::from(sel[1] & 15));
-                        if dc.get(td)?.is_none() || ac.get(ta)?.is_none() {
-                            return None;
-                        }
                         comps.push(Comp {
                             h,
                             v,
-                            dc: td,
-                            ac: ta,
+                            dc: Arc::clone(dc.get(td)?.as_ref()?),
+                            ac: Arc::clone(ac.get(ta)?.as_ref()?),
                         });
                     }
                     let blocks: u32 = comps.iter().map(|c| c.h * c.v).sum();
@@ -381,14 +372,6 @@ impl Layout {
                         width,
                         height,
                         comps,
-                        dc: dc
-                            .into_iter()
-                            .map(|t| t.unwrap_or_else(|| Arc::new(Huff::empty())))
-                            .collect(),
-                        ac: ac
-                            .into_iter()
-                            .map(|t| t.unwrap_or_else(|| Arc::new(Huff::empty())))
-                            .collect(),
                         mcus_per_row: width.div_ceil(8 * hmax),
                         rows: height.div_ceil(row_px),
                         row_px,
@@ -459,7 +442,7 @@ impl Layout {
         while marks.len() <= upto {
             for (c, comp) in self.comps.iter().enumerate() {
                 for _ in 0..comp.h * comp.v {
-                    pred[c] += r.skip_block(&self.dc[comp.dc], &self.ac[comp.ac])?;
+                    pred[c] += r.skip_block(&comp.dc, &comp.ac)?;
                 }
             }
             let (byte, bit) = r.position()?;
@@ -511,7 +494,7 @@ impl Layout {
                 };
                 let ok = self.comps.iter().enumerate().all(|(c, comp)| {
                     let blocks = (k * comp.h * comp.v) as usize;
-                    dc_reachable(&self.dc[comp.dc], i32::from(start.dc[c]) - pred[c], blocks)
+                    dc_reachable(&comp.dc, i32::from(start.dc[c]) - pred[c], blocks)
                 });
                 pred = stop.dc.map(i32::from);
                 ok
@@ -525,15 +508,12 @@ impl Layout {
             + 64 * (end - row) as usize;
         out.clear();
         out.reserve(room);
+        self.headers(bytes, width, height, out)?;
         let mut w = Writer {
             out: std::mem::take(out),
             acc: 0,
             n: 0,
         };
-        w.out.extend_from_slice(bytes.get(..self.data_start)?);
-        let h = self.height_at;
-        w.out[h..h + 2].copy_from_slice(&u16::try_from(height).ok()?.to_be_bytes());
-        w.out[h + 2..h + 4].copy_from_slice(&u16::try_from(width).ok()?.to_be_bytes());
         let mut pred = [0i32; 3];
         for r in row..end {
             let (start, stop) = (at(r, c0)?, at(r, c1)?);
@@ -557,6 +537,16 @@ impl Layout {
         Some(lead)
     }
 
+    /// Appends the file's marker segments up to its image data, with the
+    /// frame's size set to `width × height`.
+    fn headers(&self, bytes: &[u8], width: u32, height: u32, out: &mut Vec<u8>) -> Option<()> {
+        let at = out.len() + self.height_at;
+        out.extend_from_slice(bytes.get(..self.data_start)?);
+        out[at..at + 2].copy_from_slice(&u16::try_from(height).ok()?.to_be_bytes());
+        out[at + 2..at + 4].copy_from_slice(&u16::try_from(width).ok()?.to_be_bytes());
+        Some(())
+    }
+
     /// Writes `mcus` MCUs that carry only DC differences (taking each
     /// component's predictor from `from` to `to`) and, in the first block,
     /// as many padding coefficients as make the writer end `bit` bits into
@@ -572,7 +562,7 @@ impl Layout {
         let mut diffs: Vec<Vec<i32>> = Vec::with_capacity(self.comps.len());
         let mut bits = u64::from(w.n);
         for (c, comp) in self.comps.iter().enumerate() {
-            let (dct, act) = (&self.dc[comp.dc], &self.ac[comp.ac]);
+            let (dct, act) = (&comp.dc, &comp.ac);
             let blocks = (mcus * comp.h * comp.v) as usize;
             let steps = dc_steps(dct, i32::from(to[c]) - from[c], blocks)?;
             let eob = u64::from(act.enc[0].1);
@@ -586,11 +576,11 @@ impl Layout {
             diffs.push(steps);
         }
         let need = (u64::from(bit) + 8 - bits % 8) % 8;
-        let mut pads = padding(&self.ac[self.comps[0].ac], need as u32)?;
+        let mut pads = padding(&self.comps[0].ac, need as u32)?;
         let mut next = vec![0usize; self.comps.len()];
         for _ in 0..mcus {
             for (c, comp) in self.comps.iter().enumerate() {
-                let (dct, act) = (&self.dc[comp.dc], &self.ac[comp.ac]);
+                let (dct, act) = (&comp.dc, &comp.ac);
                 for _ in 0..comp.h * comp.v {
                     let d = diffs[c][next[c]];
                     next[c] += 1;
@@ -629,9 +619,7 @@ impl Layout {
         let top = (row - 1) * self.row_px;
         let height = (end * self.row_px).min(self.height) - top;
         let mut out = Vec::with_capacity(self.data_start + 256);
-        out.extend_from_slice(bytes.get(..self.data_start)?);
-        out[self.height_at..self.height_at + 2]
-            .copy_from_slice(&u16::try_from(height).ok()?.to_be_bytes());
+        self.headers(bytes, self.width, height, &mut out)?;
         let mut w = Writer { out, acc: 0, n: 0 };
         self.synthetic_mcus(&mut w, self.mcus_per_row, [0; 3], mark.dc, mark.bit)?;
         // Merge with the first byte of the real data.
@@ -648,25 +636,26 @@ fn category(d: i32) -> u32 {
 /// DC differences for `blocks` blocks summing to `target`, using only the
 /// categories the table can code; `None` when it cannot.
 fn dc_steps(t: &Huff, target: i32, blocks: usize) -> Option<Vec<i32>> {
-    let mut out =
-        dc_plan(t, target, blocks.min(DC_PLAN_DEPTH)).or_else(|| dc_greedy(t, target, blocks))?;
-    if out.len() < blocks && t.enc[0].1 == 0 {
-        return None;
-    }
+    let mut out = dc_plan_within(t, target, blocks)?;
     out.resize(blocks, 0);
     Some(out)
 }
 
 /// Whether [`dc_steps`] can reach `target` within `blocks` blocks.
 fn dc_reachable(t: &Huff, target: i32, blocks: usize) -> bool {
-    let has = |cat: u32| t.enc[cat as usize].1 > 0;
     // The common case, without building a plan: one codable step.
-    if target != 0 && has(category(target)) && (blocks == 1 || has(0)) {
+    if target != 0 && t.codes(category(target)) && (blocks == 1 || t.codes(0)) {
         return true;
     }
-    dc_plan(t, target, blocks.min(DC_PLAN_DEPTH))
-        .or_else(|| dc_greedy(t, target, blocks))
-        .is_some_and(|p| p.len() == blocks || t.enc[0].1 > 0)
+    dc_plan_within(t, target, blocks).is_some()
+}
+
+/// The nonzero differences of [`dc_steps`], before the zeros that fill the
+/// remaining blocks (which need a code for category 0).
+fn dc_plan_within(t: &Huff, target: i32, blocks: usize) -> Option<Vec<i32>> {
+    let plan =
+        dc_plan(t, target, blocks.min(DC_PLAN_DEPTH)).or_else(|| dc_greedy(t, target, blocks))?;
+    (plan.len() == blocks || t.codes(0)).then_some(plan)
 }
 
 /// Two codable nonzero differences summing to `target`, if any: each
@@ -674,7 +663,7 @@ fn dc_reachable(t: &Huff, target: i32, blocks: usize) -> bool {
 /// one check.
 fn dc_pair(t: &Huff, target: i32) -> Option<(i32, i32)> {
     let ranges: Vec<(i32, i32)> = (1..=11u32)
-        .filter(|&c| t.enc[c as usize].1 > 0)
+        .filter(|&c| t.codes(c))
         .flat_map(|c| {
             let (lo, hi) = (1 << (c - 1), (1 << c) - 1);
             [(lo, hi), (-hi, -lo)]
@@ -696,12 +685,11 @@ fn dc_pair(t: &Huff, target: i32) -> Option<(i32, i32)> {
 /// of the largest codable category not above the rest: many small steps,
 /// for tables with only small categories and many blocks to spend.
 fn dc_greedy(t: &Huff, target: i32, max: usize) -> Option<Vec<i32>> {
-    let has = |cat: u32| t.enc.get(cat as usize).is_some_and(|e| e.1 > 0);
     let mut out = Vec::new();
     let mut rest = target;
     while rest != 0 {
         let cat = category(rest);
-        let step = match (1..=cat).rev().find(|&c| has(c))? {
+        let step = match (1..=cat).rev().find(|&c| t.codes(c))? {
             c if c == cat => rest,
             c => rest.signum() * ((1 << c) - 1),
         };
@@ -729,9 +717,8 @@ fn dc_plan(t: &Huff, target: i32, max: usize) -> Option<Vec<i32>> {
     if max == 0 {
         return None;
     }
-    let has = |cat: u32| t.enc.get(cat as usize).is_some_and(|e| e.1 > 0);
     let cat = category(target);
-    if has(cat) {
+    if t.codes(cat) {
         return Some(vec![target]);
     }
     if max >= 2 {
@@ -742,10 +729,10 @@ fn dc_plan(t: &Huff, target: i32, max: usize) -> Option<Vec<i32>> {
     let sign = target.signum();
     let below = (1..cat)
         .rev()
-        .find(|&c| has(c))
+        .find(|&c| t.codes(c))
         .map(|c| sign * ((1 << c) - 1));
     let above = (cat + 1..=11)
-        .find(|&c| has(c))
+        .find(|&c| t.codes(c))
         .map(|c| sign * (1 << (c - 1)));
     let mut best: Option<Vec<i32>> = None;
     for step in [below, above].into_iter().flatten() {
@@ -1311,7 +1298,7 @@ mod tests {
                         "{name} {target} {blocks}"
                     );
                     assert!(
-                        steps.iter().all(|&d| t.enc[category(d) as usize].1 > 0),
+                        steps.iter().all(|&d| t.codes(category(d))),
                         "{name} {target}: {steps:?}"
                     );
                     assert!(dc_reachable(t, target, blocks));
@@ -1340,8 +1327,8 @@ mod tests {
                 let jpeg = crate::synth::jpeg(seed, seed, q).unwrap();
                 let single = Layout::parse(&jpeg).unwrap();
                 let multi = Layout::parse(&jpeg).unwrap();
-                assert!(single.ac.iter().all(|t| t.multi.is_empty()));
-                assert!(multi.ac[multi.comps[0].ac].multi.len() == 1 << MULTI_BITS);
+                assert!(single.comps.iter().all(|c| c.ac.multi.is_empty()));
+                assert!(multi.comps[0].ac.multi.len() == 1 << MULTI_BITS);
                 let mut a = vec![Mark::start(&single)];
                 single.scan(&jpeg, &mut a, single.mcus()).unwrap();
                 let mut b = vec![Mark::start(&multi)];
@@ -1359,7 +1346,7 @@ mod tests {
     #[test]
     fn multi_symbol_entries_agree_with_single_symbols() {
         let jpeg = crate::synth::jpeg(1, 1, 90).unwrap();
-        let standard = Layout::parse(&jpeg).unwrap().ac[0].as_ref().clone();
+        let standard = Layout::parse(&jpeg).unwrap().comps[0].ac.as_ref().clone();
         // ZRL: 0, EOB: 10, (0,1): 110, (0,2): 1110.
         let mut counts = [0u8; 16];
         counts[..4].copy_from_slice(&[1, 1, 1, 1]);
