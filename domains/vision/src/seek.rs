@@ -37,7 +37,8 @@
 //! let mut marks = vec![Mark::start(&layout)];
 //! layout.scan(&jpeg, &mut marks, 5 * mpr).unwrap();
 //! assert_eq!(marks.len(), 5 * mpr + 1); // the starts of MCUs 0..=5·mpr
-//! let (prefix, tail) = layout.splice(&jpeg, &marks[5 * mpr], 5, 8).unwrap();
+//! let mut prefix = Vec::new();
+//! let tail = layout.splice(&jpeg, &marks[5 * mpr], 5, 8, &mut prefix).unwrap();
 //! // A 4-row image: the synthetic row, then rows 5, 6 and 7.
 //! assert_eq!(u16::from_be_bytes([prefix[layout.height_at()], prefix[layout.height_at() + 1]]), 4 * 16);
 //! assert!(tail > layout.data_start() && tail < jpeg.len());
@@ -598,11 +599,12 @@ impl Layout {
     }
 
     /// A stand-in JPEG for rows `row..end` of the image, whose data starts
-    /// at `mark`: the headers with the height cut to `end - row + 1` iMCU
-    /// rows (or to the image's end), one synthetic row that leaves the DC
-    /// predictors at `mark.dc` and ends on `mark.bit`, and the first byte of
-    /// the real data merged into it. Returns that prefix and the offset in
-    /// `bytes` where the rest of the stand-in continues, unchanged. Row
+    /// at `mark`, written into `out` (cleared first): the headers with the
+    /// height cut to `end - row + 1` iMCU rows (or to the image's end), one
+    /// synthetic row that leaves the DC predictors at `mark.dc` and ends on
+    /// `mark.bit`, and the first byte of the real data merged into it.
+    /// Returns the offset in `bytes` where the rest of the stand-in
+    /// continues, unchanged. Row
     /// `row - 1` of the original becomes the synthetic row, so pixel rows
     /// shift up by `(row - 1) × row_px`. `None` when the tables cannot code
     /// what the synthetic row needs.
@@ -612,19 +614,25 @@ impl Layout {
         mark: &Mark,
         row: u32,
         end: u32,
-    ) -> Option<(Vec<u8>, usize)> {
+        out: &mut Vec<u8>,
+    ) -> Option<usize> {
         if row == 0 || row >= end || end > self.rows {
             return None;
         }
         let top = (row - 1) * self.row_px;
         let height = (end * self.row_px).min(self.height) - top;
-        let mut out = Vec::with_capacity(self.data_start + 256);
-        self.headers(bytes, self.width, height, &mut out)?;
-        let mut w = Writer { out, acc: 0, n: 0 };
+        out.clear();
+        self.headers(bytes, self.width, height, out)?;
+        let mut w = Writer {
+            out: std::mem::take(out),
+            acc: 0,
+            n: 0,
+        };
         self.synthetic_mcus(&mut w, self.mcus_per_row, [0; 3], mark.dc, mark.bit)?;
         // Merge with the first byte of the real data.
-        let tail = w.merge(bytes, mark)?;
-        Some((w.out, tail))
+        let tail = w.merge(bytes, mark);
+        *out = w.out;
+        tail
     }
 }
 

@@ -444,58 +444,46 @@ impl DecodeTransform {
             (end as usize - 1) * mpr as usize + c1 as usize
         };
         let marks = index.marks(key, bytes, &layout, upto)?;
-        let scaled = |v: u32| v * num / 8;
-        if !full_width {
-            // A table without the category a re-coded DC difference needs
-            // leaves the full-width splice, whose marks are already there.
-            let decoded = STAND_IN.with(|stream| {
-                let mut stream = stream.borrow_mut();
-                let lead = layout.crop(bytes, &marks, (row, end, c0, c1), &mut stream)?;
-                // The stand-in starts `lead` synthetic MCU columns left of c0.
-                let (dx, dy, lx) = (c0 * col_px, row * row_px, lead * col_px);
-                let mut info = crate::libjpeg::decode_spliced_into(
-                    &stream,
-                    &[],
-                    num,
-                    self.decode.fast,
-                    x - dx + lx,
-                    y - dy,
-                    w,
-                    h,
-                    buf,
-                )
-                .ok()??;
-                info.x = (info.x + scaled(dx)).checked_sub(scaled(lx))?;
-                info.y += scaled(dy);
-                Some(info)
-            });
-            if decoded.is_some() {
-                return decoded;
-            }
-        }
-        // Only the rows above are skipped: libjpeg reads the rest of the
-        // file in place after a synthetic row standing in for the one
-        // before `row` (see `Layout::splice`), full width.
-        if row < 2 {
-            return None;
-        }
-        let mark = marks.get((row * mpr) as usize)?;
-        let (head, tail) = layout.splice(bytes, mark, row, end)?;
-        let off = (row - 1) * row_px;
-        let mut info = crate::libjpeg::decode_spliced_into(
-            &head,
-            bytes.get(tail..)?,
-            num,
-            self.decode.fast,
-            x,
-            y - off,
-            w,
-            h,
-            buf,
-        )
-        .ok()??;
-        info.y += scaled(off);
-        Some(info)
+        STAND_IN.with(|stream| {
+            let mut stream = stream.borrow_mut();
+            let crop = if full_width {
+                None
+            } else {
+                layout.crop(bytes, &marks, (row, end, c0, c1), &mut stream)
+            };
+            // Where the stand-in's first pixel sits in the original, and
+            // what libjpeg reads after the stand-in's own bytes.
+            let (left, top, rest): (i64, u32, &[u8]) = match crop {
+                // `lead` synthetic MCU columns stand left of c0.
+                Some(lead) => (i64::from(c0) - i64::from(lead), row, &[]),
+                // Full width (or a DC table without the categories a crop
+                // needs): a synthetic row stands in for the one before
+                // `row`, and libjpeg reads the rest of the file in place.
+                None if row >= 2 => {
+                    let mark = marks.get((row * mpr) as usize)?;
+                    let tail = layout.splice(bytes, mark, row, end, &mut stream)?;
+                    (0, row - 1, bytes.get(tail..)?)
+                }
+                None => return None,
+            };
+            let (left, top) = (left * i64::from(col_px), top * row_px);
+            let mut info = crate::libjpeg::decode_spliced_into(
+                &stream,
+                rest,
+                num,
+                self.decode.fast,
+                u32::try_from(i64::from(x) - left).ok()?,
+                y - top,
+                w,
+                h,
+                buf,
+            )
+            .ok()??;
+            // Stand-in origins are whole MCUs, so they scale exactly.
+            info.x = u32::try_from(i64::from(info.x) + left * i64::from(num) / 8).ok()?;
+            info.y += top * num / 8;
+            Some(info)
+        })
     }
 
     fn fused(
