@@ -214,6 +214,15 @@ fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, C
     Ok(t)
 }
 
+/// The decoder settings the vision flags ask for.
+fn decode_options(opts: &VisionOpts) -> DecodeOptions {
+    DecodeOptions {
+        max_pixels: opts.max_pixels,
+        fast: opts.fast_decode,
+        ..Default::default()
+    }
+}
+
 /// Refuses a batch of `--size` outputs that could not fit in this
 /// machine's memory (one batch is built per worker, and the consumer holds
 /// more).
@@ -279,11 +288,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
     let transform = transform_of(&a.vision, TransformArg::Train)?;
     let mut stage = DecodeTransform {
         transform,
-        decode: DecodeOptions {
-            max_pixels: a.vision.max_pixels,
-            fast: a.vision.fast_decode,
-            ..Default::default()
-        },
+        decode: decode_options(&a.vision),
         cache: a.vision.cache_bytes.map(ImageCache::new),
         seek: None,
     };
@@ -350,11 +355,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
     let transform = transform_of(&a.vision, TransformArg::Eval)?;
     let stage = DecodeTransform {
         transform,
-        decode: DecodeOptions {
-            max_pixels: a.vision.max_pixels,
-            fast: a.vision.fast_decode,
-            ..Default::default()
-        },
+        decode: decode_options(&a.vision),
         cache: None,
         seek: None,
     };
