@@ -161,7 +161,9 @@ pub fn decode_region_into(
 }
 
 /// Like [`decode_region_into`] for a JPEG stream stored in two pieces,
-/// `head` then `rest` (a stand-in made by [`crate::seek::Layout::splice`]).
+/// `head` then `rest`: a stand-in made by [`crate::seek::Layout::splice`]
+/// and the rest of the file, or one made by [`crate::seek::Layout::crop`]
+/// with `rest` empty.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_spliced_into(
     head: &[u8],
