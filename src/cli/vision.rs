@@ -37,9 +37,10 @@ pub struct VisionOpts {
     /// Output side.
     #[arg(long, default_value_t = 224)]
     pub size: u32,
-    /// Shorter side after resizing (eval).
-    #[arg(long, default_value_t = 256)]
-    pub resize: u32,
+    /// Eval resize: N sets the shorter side (torchvision `Resize(N)`), HxW
+    /// the exact height and width (`Resize((H, W))`).
+    #[arg(long, default_value = "256", value_name = "N|HxW")]
+    pub resize: ferrofeed_vision::ResizeTo,
     /// Refuse images whose header claims more pixels.
     #[arg(long, default_value_t = 100_000_000)]
     pub max_pixels: u64,
@@ -196,7 +197,10 @@ fn open_dataset(path: &Path) -> Result<Dataset, CliError> {
 fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, CliError> {
     let t = match opts.transform.unwrap_or(default) {
         TransformArg::None => Transform::None,
-        TransformArg::Eval => Transform::eval(opts.resize, opts.size),
+        TransformArg::Eval => Transform::Eval {
+            resize: opts.resize,
+            size: opts.size,
+        },
         TransformArg::Train => Transform::train(opts.size),
     };
     t.validate().map_err(CliError::Usage)?;

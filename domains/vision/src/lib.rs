@@ -43,7 +43,7 @@ pub use decode::{
 pub use image::{Image, NormalizedImage};
 pub use transform::{
     center_crop_box, eval_resize_size, random_resized_crop_box, resize_crop, CropBox,
-    DecodeTransform, Normalize, Transform,
+    DecodeTransform, Normalize, ResizeTo, Transform,
 };
 
 use ferrofeed_core::StackCollate;

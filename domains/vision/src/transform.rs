@@ -3,9 +3,11 @@
 //!
 //! - `Train`: RandomResizedCrop(size, scale 0.08–1, ratio 3/4–4/3; ten
 //!   tries, then the centre fallback) and a horizontal flip with p = 0.5.
-//! - `Eval`: Resize(shorter side → `resize`, bilinear with antialias) then
-//!   CenterCrop(`size`), fused into one resampling of just the pixels that
-//!   survive the crop.
+//! - `Eval`: Resize(shorter side → `resize`, or to an exact height × width;
+//!   bilinear with antialias) then CenterCrop(`size`), fused into one
+//!   resampling of just the pixels that survive the crop. Sizes and the crop
+//!   origin follow torchvision's arithmetic exactly, Python's
+//!   round-half-to-even included.
 //! - `None`: decode only.
 //!
 //! Resampling ([`crate::resample`]) is a bilinear filter whose support
@@ -15,8 +17,9 @@
 //! ```
 //! use ferrofeed_vision::{center_crop_box, eval_resize_size};
 //! assert_eq!(eval_resize_size(500, 375, 256), (341, 256));
+//! // (341 - 224) / 2 = 58.5 rounds to even, as Python's `round` does.
 //! let b = center_crop_box(341, 256, 224);
-//! assert_eq!((b.left, b.top, b.width, b.height), (59, 16, 224, 224));
+//! assert_eq!((b.left, b.top, b.width, b.height), (58, 16, 224, 224));
 //! ```
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -115,13 +118,60 @@ pub fn eval_resize_size(width: u32, height: u32, size: u32) -> (u32, u32) {
     }
 }
 
-/// torchvision's `CenterCrop(size)` box: `top = round((h - size) / 2)`.
+/// The size argument of torchvision's `Resize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResizeTo {
+    /// `Resize(int)`: the shorter side becomes this, the aspect is kept.
+    Shorter(u32),
+    /// `Resize((h, w))`: exactly this size, the aspect is not kept.
+    Exact {
+        /// Output height.
+        height: u32,
+        /// Output width.
+        width: u32,
+    },
+}
+
+impl ResizeTo {
+    /// The resized `(width, height)` of a `width × height` image.
+    pub fn size_of(self, width: u32, height: u32) -> (u32, u32) {
+        match self {
+            ResizeTo::Shorter(s) => eval_resize_size(width, height, s),
+            ResizeTo::Exact { height, width } => (width, height),
+        }
+    }
+    /// The smaller side of any output (the largest center crop possible).
+    fn min_side(self) -> u32 {
+        match self {
+            ResizeTo::Shorter(s) => s,
+            ResizeTo::Exact { height, width } => height.min(width),
+        }
+    }
+}
+
+impl std::str::FromStr for ResizeTo {
+    type Err = String;
+    /// `N` (shorter side) or `HxW` (exact height and width).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("resize {s:?}: expected N (shorter side) or HxW, e.g. 256 or 256x320");
+        match s.split_once(['x', 'X']) {
+            None => s.trim().parse().map(ResizeTo::Shorter).map_err(|_| bad()),
+            Some((h, w)) => Ok(ResizeTo::Exact {
+                height: h.trim().parse().map_err(|_| bad())?,
+                width: w.trim().parse().map_err(|_| bad())?,
+            }),
+        }
+    }
+}
+
+/// torchvision's `CenterCrop(size)` box: `top = int(round((h - size) / 2))`
+/// with Python's `round`, which rounds halves to even (58.5 → 58).
 pub fn center_crop_box(width: u32, height: u32, size: u32) -> CropBox {
     let size_w = size.min(width);
     let size_h = size.min(height);
     CropBox {
-        left: ((f64::from(width - size_w)) / 2.0).round() as u32,
-        top: ((f64::from(height - size_h)) / 2.0).round() as u32,
+        left: (f64::from(width - size_w) / 2.0).round_ties_even() as u32,
+        top: (f64::from(height - size_h) / 2.0).round_ties_even() as u32,
         width: size_w,
         height: size_h,
     }
@@ -133,10 +183,10 @@ pub fn center_crop_box(width: u32, height: u32, size: u32) -> CropBox {
 fn eval_region(
     width: u32,
     height: u32,
-    resize: u32,
+    resize: ResizeTo,
     size: u32,
 ) -> ((f64, f64, f64, f64), u32, u32) {
-    let (nw, nh) = eval_resize_size(width, height, resize);
+    let (nw, nh) = resize.size_of(width, height);
     let b = center_crop_box(nw, nh, size);
     // Map the crop in the resized frame back to the source.
     let sx = f64::from(width) / f64::from(nw);
@@ -179,10 +229,10 @@ pub fn resize_crop(
 pub enum Transform {
     /// Decode only.
     None,
-    /// Resize the shorter side to `resize`, then center-crop `size`.
+    /// Resize (torchvision's `Resize(resize)`), then center-crop `size`.
     Eval {
-        /// Shorter side after resizing.
-        resize: u32,
+        /// The size to resize to.
+        resize: ResizeTo,
         /// Output side.
         size: u32,
     },
@@ -209,9 +259,19 @@ impl Transform {
             flip_p: 0.5,
         }
     }
-    /// Resize to `resize`, center-crop `size`.
+    /// Resize the shorter side to `resize`, center-crop `size`.
     pub fn eval(resize: u32, size: u32) -> Self {
-        Transform::Eval { resize, size }
+        Transform::Eval {
+            resize: ResizeTo::Shorter(resize),
+            size,
+        }
+    }
+    /// Resize to exactly `height × width`, center-crop `size`.
+    pub fn eval_exact(height: u32, width: u32, size: u32) -> Self {
+        Transform::Eval {
+            resize: ResizeTo::Exact { height, width },
+            size,
+        }
     }
 
     /// Checks the parameters.
@@ -219,10 +279,10 @@ impl Transform {
         match *self {
             Transform::None => Ok(()),
             Transform::Eval { resize, size } => {
-                if size == 0 || resize == 0 {
+                if size == 0 || resize.min_side() == 0 {
                     Err("--size and --resize must be at least 1".into())
-                } else if size > resize {
-                    Err(format!("--size {size} is larger than --resize {resize}: the center crop would need padding"))
+                } else if size > resize.min_side() {
+                    Err(format!("--size {size} is larger than the resized image's shorter side {}: the center crop would need padding", resize.min_side()))
                 } else {
                     Ok(())
                 }
@@ -292,8 +352,8 @@ impl Transform {
 
     /// The unfused eval path (resize the whole image, then crop), kept to
     /// check the fused one against.
-    pub fn eval_unfused(img: &Image, resize: u32, size: u32) -> Result<Image, String> {
-        let (nw, nh) = eval_resize_size(img.width, img.height, resize);
+    pub fn eval_unfused(img: &Image, resize: ResizeTo, size: u32) -> Result<Image, String> {
+        let (nw, nh) = resize.size_of(img.width, img.height);
         let full = resize_crop(
             img,
             (0.0, 0.0, f64::from(img.width), f64::from(img.height)),
@@ -797,8 +857,76 @@ mod tests {
     fn eval_sizes_follow_torchvision() {
         assert_eq!(eval_resize_size(375, 500, 256), (256, 341));
         assert_eq!(eval_resize_size(256, 256, 256), (256, 256));
-        assert_eq!(center_crop_box(256, 341, 224).top, 59);
+        assert_eq!(center_crop_box(256, 341, 224).top, 58);
+        assert_eq!(center_crop_box(256, 343, 224).top, 60);
         assert!(Transform::eval(200, 224).validate().is_err());
+        assert!(Transform::eval_exact(300, 200, 224).validate().is_err());
+        assert!(Transform::eval_exact(300, 240, 224).validate().is_ok());
+        assert_eq!("256".parse(), Ok(ResizeTo::Shorter(256)));
+        assert_eq!(
+            "300x240".parse(),
+            Ok(ResizeTo::Exact {
+                height: 300,
+                width: 240
+            })
+        );
+        assert!("256x".parse::<ResizeTo>().is_err());
+        assert!("wide".parse::<ResizeTo>().is_err());
+    }
+
+    /// Python's `round`: halves go to the even neighbour.
+    fn py_round(x: f64) -> f64 {
+        let f = x.floor();
+        let d = x - f;
+        if d > 0.5 || (d == 0.5 && f % 2.0 != 0.0) {
+            f + 1.0
+        } else {
+            f
+        }
+    }
+
+    /// torchvision's arithmetic as its Python source writes it:
+    /// `_compute_resized_output_size` (float division, then `int`) and
+    /// `center_crop` (`int(round((h - ch) / 2.0))`, Python's round-half-even).
+    fn torchvision_eval(w: u32, h: u32, resize: u32, crop: u32) -> (u32, u32, u32, u32) {
+        let (short, long) = if w <= h { (w, h) } else { (h, w) };
+        let new_long = (f64::from(resize) * f64::from(long) / f64::from(short)) as u32;
+        let (nw, nh) = if w <= h {
+            (resize, new_long)
+        } else {
+            (new_long, resize)
+        };
+        let top = py_round(f64::from(nh - crop) / 2.0) as u32;
+        let left = py_round(f64::from(nw - crop) / 2.0) as u32;
+        (nw, nh, left, top)
+    }
+
+    #[test]
+    fn eval_sizes_and_crop_origin_match_torchvision_for_every_side_from_200_to_1000() {
+        for w in 200..=1000u32 {
+            for h in 200..=1000u32 {
+                let (nw, nh) = ResizeTo::Shorter(256).size_of(w, h);
+                let b = center_crop_box(nw, nh, 224);
+                assert_eq!(
+                    (nw, nh, b.left, b.top),
+                    torchvision_eval(w, h, 256, 224),
+                    "{w}x{h}"
+                );
+            }
+        }
+        // Resize((h, w)) keeps exactly the size asked for; the crop origin
+        // follows the same rounding.
+        for side in 224..=1000u32 {
+            let (height, width) = (side, 1224 - side);
+            let r = ResizeTo::Exact { height, width };
+            assert_eq!(r.size_of(640, 480), (width, height));
+            let b = center_crop_box(width, height, 224);
+            let want = (
+                py_round(f64::from(width - 224) / 2.0) as u32,
+                py_round(f64::from(height - 224) / 2.0) as u32,
+            );
+            assert_eq!((b.left, b.top), want, "{height}x{width}");
+        }
     }
 
     #[test]

@@ -161,6 +161,36 @@ fn eval_matches_torchvision_resize_and_center_crop() {
     }
 }
 
+/// Sizes whose center-crop margin is odd: torchvision rounds the half-pixel
+/// origin to even (`make_eval_odd.py`). Off by one pixel, these reach only
+/// 22–35 dB.
+#[test]
+fn eval_matches_torchvision_where_the_crop_margin_is_odd() {
+    for (w, h) in [(500, 375), (375, 500), (640, 480), (1000, 750)] {
+        let name = format!("eval_odd_{w}x{h}");
+        let bytes = std::fs::read(data(&format!("{name}.jpg"))).unwrap();
+        let want = reference(&name);
+        for backend in [Backend::Auto, Backend::Zune] {
+            let stage = DecodeTransform {
+                transform: Transform::eval(256, 224),
+                decode: DecodeOptions {
+                    backend,
+                    ..Default::default()
+                },
+                cache: None,
+                seek: None,
+            };
+            let mut rng = sample_rng(0);
+            let fused = stage.run(&bytes, &mut rng).unwrap();
+            let unfused = stage.run_unfused(&bytes, &mut rng).unwrap();
+            let (pf, pu) = (psnr(&fused, &want), psnr(&unfused, &want));
+            eprintln!("{name} {backend:?}: fused {pf:.1} dB, unfused {pu:.1} dB");
+            assert!(pf >= 45.0, "{name} {backend:?}: fused PSNR {pf:.1} dB");
+            assert!(pu >= 45.0, "{name} {backend:?}: unfused PSNR {pu:.1} dB");
+        }
+    }
+}
+
 #[test]
 fn fused_and_unfused_train_paths_agree() {
     for name in ["eval_landscape", "eval_portrait"] {

@@ -6,7 +6,8 @@
   on the PIL image. On PIL images torchvision resizes with Pillow's bilinear
   filter (antialiased) and crops at round((h - 224) / 2), which is what this
   script does when torchvision is not installed; with torchvision it uses it.
-Run: python3 make_references.py (from this folder).
+Run: python3 make_references.py (from this folder). Odd-margin sizes, where
+the crop origin is a half pixel rounded to even: make_eval_odd.py.
 """
 import numpy as np
 from PIL import Image, ImageOps
