@@ -3,9 +3,12 @@
 //!
 //! Work is admitted only while the bytes in flight plus the expected size of
 //! the next task fit under the budget, so peak memory is set by the budget,
-//! not by `workers × prefetch × sample size`. The task the consumer needs
-//! next is always admitted, so a budget smaller than one batch still makes
-//! progress (one task at a time) instead of deadlocking.
+//! not by `workers × prefetch × sample size`. A task is charged its
+//! expected size when it is admitted, before it has read anything, and its
+//! charge grows if it outgrows that. The task the consumer needs next is
+//! admitted once the consumer waits for it even if it does not fit, so a
+//! budget smaller than one batch still makes progress (one task at a time)
+//! instead of deadlocking.
 //!
 //! ```
 //! use ferrofeed_core::ByteBudget;
@@ -67,6 +70,33 @@ impl ByteBudget {
             budget: Arc::clone(self),
             bytes,
         }
+    }
+
+    /// Charges `bytes` only if `bytes + headroom` more still fit under the
+    /// cap (checked and charged in one step, so two callers cannot both
+    /// take the last room).
+    pub(crate) fn lease_if(self: &Arc<Self>, bytes: usize, headroom: usize) -> Option<Lease> {
+        let need = bytes.saturating_add(headroom);
+        let mut used = self.used.load(Ordering::Acquire);
+        loop {
+            if used.saturating_add(need) > self.max {
+                return None;
+            }
+            match self.used.compare_exchange_weak(
+                used,
+                used + bytes,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => used = now,
+            }
+        }
+        self.peak.fetch_max(used + bytes, Ordering::AcqRel);
+        Some(Lease {
+            budget: Arc::clone(self),
+            bytes,
+        })
     }
 
     fn charge(&self, bytes: usize) {
@@ -136,6 +166,12 @@ impl Lease {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+    /// Raises the charge to `bytes` if it is below (never blocks).
+    pub fn grow_to(&mut self, bytes: usize) {
+        if bytes > self.bytes {
+            self.resize(bytes);
+        }
+    }
     /// Changes the charge to `bytes` (never blocks).
     pub fn resize(&mut self, bytes: usize) {
         if bytes > self.bytes {
@@ -178,6 +214,17 @@ mod tests {
         assert_eq!(b.used(), 20);
         drop(part);
         assert_eq!((b.used(), b.peak()), (0, 50));
+    }
+
+    #[test]
+    fn a_conditional_lease_keeps_its_headroom() {
+        let b = ByteBudget::new(100);
+        let a = b.lease_if(60, 20).expect("60 + 20 fit in 100");
+        assert!(b.lease_if(30, 20).is_none(), "60 + 30 + 20 > 100");
+        let c = b.lease_if(20, 20).expect("60 + 20 + 20 fit");
+        assert_eq!((b.used(), b.peak()), (80, 80));
+        drop((a, c));
+        assert_eq!(b.used(), 0);
     }
 
     #[test]

@@ -33,6 +33,7 @@
 //! }
 //! ```
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -329,6 +330,10 @@ pub(crate) struct Shared {
     /// epoch's queue fill, read by the monitor.
     queue_len: Vec<AtomicUsize>,
     queue_cap: Vec<AtomicUsize>,
+    /// Measured bytes per row: of the table each segment hands on, then
+    /// (last entry) of the batches collate makes; 0 until measured. They
+    /// outlive epochs, so a later epoch starts from what the last one saw.
+    row_bytes: Vec<AtomicUsize>,
 }
 
 /// Interval of a fresh timeline.
@@ -447,6 +452,44 @@ impl Shared {
             timeline_next_ns: AtomicU64::new(TIMELINE_EVERY.as_nanos() as u64),
             queue_len: (0..=n_segments).map(|_| AtomicUsize::new(0)).collect(),
             queue_cap: (0..=n_segments).map(|_| AtomicUsize::new(1)).collect(),
+            row_bytes: (0..=n_segments).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+
+    /// The expected peak bytes of a task of `rows` rows: its largest table
+    /// plus the batches collate makes of it (both exist while it collates).
+    /// `None` until a task has been measured in every segment and collate:
+    /// until then only the task the consumer needs next is admitted.
+    fn task_bytes(&self, rows: usize) -> Option<usize> {
+        let (tables, batch) = self.row_bytes.split_at(self.row_bytes.len() - 1);
+        let mut table = 0;
+        for b in tables {
+            // A segment not yet measured may be where the task grows most.
+            table = table.max(NonZeroUsize::new(b.load(Ordering::Relaxed))?.get());
+        }
+        let batch = NonZeroUsize::new(batch[0].load(Ordering::Relaxed))?.get();
+        Some(rows.saturating_mul(table.saturating_add(batch)))
+    }
+
+    /// Records the bytes per row of a table leaving segment `at` (or, at
+    /// `segments.len()`, of collated batches): a larger value is taken at
+    /// once, a smaller one decays in slowly.
+    fn note_row_bytes(&self, at: usize, bytes: usize, rows: usize) {
+        if rows == 0 {
+            return;
+        }
+        let per_row = bytes.div_ceil(rows);
+        let slot = &self.row_bytes[at];
+        let old = slot.load(Ordering::Relaxed);
+        let new = if per_row >= old {
+            per_row
+        } else {
+            (old * 3 + per_row) / 4
+        };
+        slot.store(new, Ordering::Relaxed);
+        if old == 0 {
+            // Workers waiting for a first measurement may be admitted now.
+            self.budget.notify();
         }
     }
 
@@ -598,7 +641,13 @@ struct EpochRun {
     cancel: AtomicBool,
     next_claim: AtomicU64,
     consumer_next: AtomicU64,
-    est_task_bytes: AtomicUsize,
+    /// Parts of group `consumer_next` the consumer has received (iterable
+    /// sources; stored before `consumer_next`, so a reader that sees a new
+    /// group sees its count): the part it needs next.
+    consumer_parts: AtomicU64,
+    /// The consumer is blocked waiting for a batch: the task it needs next
+    /// is then admitted even past the budget, since nothing else can free it.
+    consumer_waiting: AtomicBool,
     finished: Mutex<usize>,
     finished_cv: Condvar,
     total_workers: usize,
@@ -658,15 +707,6 @@ impl EpochRun {
             };
         }
         true
-    }
-    fn note_bytes(&self, bytes: usize) {
-        let old = self.est_task_bytes.load(Ordering::Relaxed);
-        let new = if bytes >= old {
-            bytes
-        } else {
-            (old * 3 + bytes) / 4
-        };
-        self.est_task_bytes.store(new, Ordering::Relaxed);
     }
 }
 
@@ -938,7 +978,7 @@ impl Worker {
                     break;
                 }
                 self.meter_begin();
-                self.run_segment(run, &mut msg.table, &mut msg.log);
+                self.run_segment(run, &mut msg.table, &mut msg.log, &mut msg.lease);
                 if !self.forward(job, msg) {
                     break;
                 }
@@ -946,23 +986,56 @@ impl Worker {
         }
     }
 
-    fn admit(&self, run: &EpochRun, major: u64, span: u64) -> bool {
-        let budget = &self.shared.budget;
-        let window = self.shared.window * span.max(1);
-        budget.wait_until(&run.cancel, || {
+    /// Waits until a task of `rows` rows at `(major, part)` may run (map
+    /// tasks: part 0), and returns its lease: the bytes it is expected to
+    /// reach, charged before it reads anything (a task's bytes grow as it
+    /// moves: file bytes, pixels, batch). The task the consumer needs next
+    /// is admitted when it fits, or once the consumer waits for it (the
+    /// batches the consumer holds can free nothing else), so a budget
+    /// smaller than a batch slows the pipeline down instead of deadlocking
+    /// it; any other task only within `window` majors of it (none: no
+    /// limit), once a task has been measured, and while its bytes plus one
+    /// batch's (room kept for the consumer's task) fit. `None` when the
+    /// epoch is cancelled first.
+    fn admit(
+        &self,
+        run: &EpochRun,
+        (major, part): (u64, u64),
+        window: Option<u64>,
+        rows: usize,
+    ) -> Option<Lease> {
+        let shared = &self.shared;
+        let budget = &shared.budget;
+        let mut lease = None;
+        let admitted = budget.wait_until(&run.cancel, || {
             let next = run.consumer_next.load(Ordering::Acquire);
-            major <= next
-                || (major < next + window
-                    && budget.fits(run.est_task_bytes.load(Ordering::Relaxed)))
-        })
-    }
-
-    fn admit_part(&self, run: &EpochRun, major: u64) -> bool {
-        let budget = &self.shared.budget;
-        budget.wait_until(&run.cancel, || {
-            major <= run.consumer_next.load(Ordering::Acquire)
-                || budget.fits(run.est_task_bytes.load(Ordering::Relaxed))
-        })
+            let next_part = run.consumer_parts.load(Ordering::Acquire);
+            let need = shared.task_bytes(rows);
+            if major < next || (major == next && part <= next_part) {
+                let go = match need {
+                    None => true,
+                    Some(n) => run.consumer_waiting.load(Ordering::Acquire) || budget.fits(n),
+                };
+                if go {
+                    lease = Some(budget.lease(need.unwrap_or(0)));
+                }
+                return go;
+            }
+            if window.is_some_and(|w| major >= next + w) {
+                return false;
+            }
+            let (Some(need), Some(one_batch)) = (need, shared.task_bytes(shared.cfg.batch_size))
+            else {
+                return false;
+            };
+            lease = budget.lease_if(need, one_batch);
+            lease.is_some()
+        });
+        if admitted {
+            lease
+        } else {
+            None
+        }
     }
 
     /// Runs one erased stage over a table under its policy.
@@ -1035,8 +1108,15 @@ impl Worker {
         self.stats.samples[m] += table.len() as u64;
     }
 
-    /// Runs this segment's stages over a table.
-    fn run_segment(&mut self, run: &EpochRun, table: &mut Table, log: &mut TaskLog) {
+    /// Runs this segment's stages over a table; the task's lease grows
+    /// with what each stage makes of it.
+    fn run_segment(
+        &mut self,
+        run: &EpochRun,
+        table: &mut Table,
+        log: &mut TaskLog,
+        lease: &mut Lease,
+    ) {
         let shared = Arc::clone(&self.shared);
         for i in shared.segments[self.seg].stages.clone() {
             if run.cancelled() {
@@ -1046,13 +1126,14 @@ impl Worker {
             let policy = node.opts.on_error.unwrap_or(shared.cfg.policy);
             let watch = node.opts.timeout.is_some();
             self.run_one(run, table, log, &node.run, i + 1, &node.name, policy, watch);
+            lease.grow_to(table.nbytes());
         }
     }
 
     /// Batches to claim next: about [`TARGET_TASK_NS`] of work, at least
     /// `min_task_samples` samples, and at most a quarter of the byte budget
     /// per worker.
-    fn next_chunk(&mut self, run: &EpochRun, plan: &EpochPlan) -> usize {
+    fn next_chunk(&mut self, plan: &EpochPlan) -> usize {
         let cfg = &self.shared.cfg;
         let nb = plan.num_batches().max(1);
         let mean_batch = (plan.indices.len() / nb).max(1);
@@ -1062,10 +1143,13 @@ impl Worker {
         } else {
             floor
         };
-        let per_batch = run.est_task_bytes.load(Ordering::Relaxed) / self.chunk.max(1);
-        if per_batch > 0 {
-            let workers = self.shared.active(0).max(1);
-            k = k.min((self.shared.budget.max() / (4 * workers * per_batch)).max(1));
+        match self.shared.task_bytes(mean_batch) {
+            // Nothing measured yet: one batch, whatever its samples weigh.
+            None => k = 1,
+            Some(per_batch) => {
+                let workers = self.shared.active(0).max(1);
+                k = k.min((self.shared.budget.max() / (4 * workers * per_batch.max(1))).max(1));
+            }
         }
         self.chunk = k.clamp(1, MAX_CHUNK);
         self.chunk
@@ -1086,13 +1170,17 @@ impl Worker {
             if tuned && !self.wait_active(run, || run.next_claim.load(Ordering::Acquire) >= nb) {
                 return;
             }
-            let k = self.next_chunk(run, plan) as u64;
+            let k = self.next_chunk(plan) as u64;
             let b0 = run.next_claim.fetch_add(k, Ordering::AcqRel);
-            if b0 >= nb || !self.admit(run, b0, k) {
+            if b0 >= nb {
                 return;
             }
-            self.meter_begin();
             let b1 = (b0 + k).min(nb);
+            let rows = plan.offsets[b1 as usize] - plan.offsets[b0 as usize];
+            let Some(mut lease) = self.admit(run, (b0, 0), Some(shared.window * k), rows) else {
+                return;
+            };
+            self.meter_begin();
             let started = Instant::now();
             let (lo, hi) = (plan.offsets[b0 as usize], plan.offsets[b1 as usize]);
             let ends = plan.offsets[b0 as usize + 1..=b1 as usize]
@@ -1111,7 +1199,8 @@ impl Worker {
                 shared.cfg.policy,
                 false,
             );
-            self.run_segment(run, &mut table, &mut log);
+            lease.grow_to(table.nbytes());
+            self.run_segment(run, &mut table, &mut log, &mut lease);
             if run.cancelled() {
                 return;
             }
@@ -1124,7 +1213,7 @@ impl Worker {
                 last: true,
                 table,
                 log,
-                lease: shared.budget.lease(0),
+                lease,
             };
             if !self.forward(job, msg) {
                 return;
@@ -1193,9 +1282,9 @@ impl Worker {
             mut table,
             mut log,
             done,
-            lease,
+            mut lease,
         } = h;
-        self.run_segment(&job.run, &mut table, &mut log);
+        self.run_segment(&job.run, &mut table, &mut log, &mut lease);
         let last = done || log.fail.is_some();
         if self.shared.cfg.drop_last && table.len() < self.shared.cfg.batch_size {
             table.truncate(0);
@@ -1232,9 +1321,15 @@ impl Worker {
                 return;
             }
             let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
-            if t >= groups || !self.admit(run, t, 1) {
+            if t >= groups {
                 return;
             }
+            // The lease of the group's first part.
+            let first_part = if t == first { skip_parts } else { 0 };
+            let Some(lease) = self.admit(run, (t, first_part), Some(shared.window), bs) else {
+                return;
+            };
+            let mut first_lease = Some(lease);
             self.meter_begin();
             let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
@@ -1293,7 +1388,7 @@ impl Worker {
                     last: true,
                     table: Table::new(),
                     log,
-                    lease: shared.budget.lease(0),
+                    lease: first_lease.take().unwrap_or_else(|| shared.budget.lease(0)),
                 };
                 if !self.forward(job, msg) {
                     return;
@@ -1315,14 +1410,19 @@ impl Worker {
                 if run.cancelled() {
                     return;
                 }
-                if part > 0 {
-                    if !self.admit_part(run, t) {
-                        return;
+                let mut lease = match first_lease.take() {
+                    Some(lease) => lease,
+                    None => {
+                        let Some(lease) = self.admit(run, (t, part), None, bs) else {
+                            return;
+                        };
+                        self.meter_begin();
+                        lease
                     }
-                    self.meter_begin();
-                }
+                };
                 let started = Instant::now();
                 let (mut table, errs, done) = reader.next_part(bs);
+                lease.grow_to(table.nbytes());
                 let dt = started.elapsed().as_nanos() as u64;
                 self.stats.timed_ns[0] += dt;
                 self.stats.timed_n[0] += table.len() as u64;
@@ -1349,20 +1449,20 @@ impl Worker {
                     table,
                     log: std::mem::take(&mut log),
                     done,
-                    lease: shared.budget.lease(0),
+                    lease,
                 };
-                // A waiting worker takes the part, if one is free and the
-                // byte budget has room for a second part at work: the part,
-                // what the segment makes of it, and the one this worker
-                // reads next.
+                // A waiting worker takes the part (with its lease), if one
+                // is free and the byte budget has room for the part this
+                // worker reads next — also when that one is the consumer's
+                // and would be admitted anyway, so the consumer's group
+                // never has more than one part at work beyond the budget.
                 if !tuned
                     && !failed
                     && run.idle_helpers.load(Ordering::Acquire) > run.handoff.0.len()
                     && shared
-                        .budget
-                        .fits(2 * h.table.nbytes() + run.est_task_bytes.load(Ordering::Relaxed))
+                        .task_bytes(bs)
+                        .is_some_and(|part| shared.budget.fits(part.saturating_mul(2)))
                 {
-                    h.lease.resize(h.table.nbytes());
                     match run.handoff.0.try_send(h) {
                         Ok(()) => {
                             self.stats.flush(&self.shared);
@@ -1373,10 +1473,7 @@ impl Worker {
                             continue;
                         }
                         Err(flume::TrySendError::Full(back))
-                        | Err(flume::TrySendError::Disconnected(back)) => {
-                            h = back;
-                            h.lease.resize(0);
-                        }
+                        | Err(flume::TrySendError::Disconnected(back)) => h = back,
                     }
                 }
                 match self.finish_part(job, h) {
@@ -1393,8 +1490,10 @@ impl Worker {
     fn forward(&mut self, job: &Job, mut msg: TaskMsg) -> bool {
         let bytes = msg.table.nbytes();
         let rows = msg.table.len();
-        msg.lease.resize(bytes);
-        job.run.note_bytes(bytes);
+        // The lease keeps what admission reserved (the task may still grow
+        // in later segments and collate) or more.
+        msg.lease.grow_to(bytes);
+        self.shared.note_row_bytes(self.seg, bytes, rows);
         match &job.out {
             Out::Next(tx) => {
                 self.meter_end(rows);
@@ -1538,10 +1637,17 @@ impl Worker {
                 .latency
                 .record_n(dt / rows_in.max(1), rows_in);
         }
-        // One lease for the task's batches, released when the last drops.
+        // One lease for the task's batches, released when the last drops:
+        // taken out of the task's lease, whose rest (the table's share) is
+        // released with the table.
         let bytes: usize = out.iter().map(Batch::nbytes).sum();
-        let shared_lease = Arc::new(shared.budget.lease(bytes));
+        let rows: usize = out.iter().map(Batch::len).sum();
+        shared.note_row_bytes(shared.segments.len(), bytes, rows);
+        let mut lease = lease;
+        lease.grow_to(bytes);
+        let shared_lease = Arc::new(lease.split(bytes));
         drop(lease);
+        drop(table);
         for b in &mut out {
             b.lease = Some(Arc::clone(&shared_lease));
         }
@@ -1994,7 +2100,8 @@ impl Pipeline {
             cancel: AtomicBool::new(false),
             next_claim: AtomicU64::new(begin.0),
             consumer_next: AtomicU64::new(begin.0),
-            est_task_bytes: AtomicUsize::new(0),
+            consumer_parts: AtomicU64::new(begin.1),
+            consumer_waiting: AtomicBool::new(false),
             finished: Mutex::new(0),
             finished_cv: Condvar::new(),
             total_workers: self.ctrl.len(),
@@ -2737,6 +2844,8 @@ impl<'p> EpochIter<'p> {
         }
         let low = self.low;
         if let Some(run) = &self.run {
+            let parts = self.parts.get(&low).map_or(0, |e| e.0);
+            run.consumer_parts.store(parts, Ordering::Release);
             run.consumer_next.store(low, Ordering::Release);
         }
         self.pipeline.shared.budget.notify();
@@ -2818,7 +2927,14 @@ impl Iterator for EpochIter<'_> {
                 }
             }
             let waited = Instant::now();
+            if let Some(run) = &self.run {
+                run.consumer_waiting.store(true, Ordering::Release);
+                self.pipeline.shared.budget.notify();
+            }
             let r = self.recv();
+            if let Some(run) = &self.run {
+                run.consumer_waiting.store(false, Ordering::Release);
+            }
             let w = waited.elapsed();
             self.summary.wait_seconds += w.as_secs_f64();
             self.watch_wait(w);

@@ -59,7 +59,7 @@ enum InspectDomain {
 #[derive(Subcommand, Debug)]
 enum MakeDomain {
     /// ImageNet-like folder: 10 classes of ~500×375 JPEGs (q90).
-    Vision(MakeArgs),
+    Vision(vision::MakeArgs),
     /// Lines of the embedded corpus in .txt and .jsonl files (1,000 lines each).
     Text(MakeArgs),
     /// Tones, chirps and noise as wav/flac files of varied lengths and rates (`--speech`: and three spoken sentences).

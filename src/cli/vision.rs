@@ -17,7 +17,7 @@ use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, 
 use serde_json::json;
 
 use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
-use super::{CommonArgs, MakeArgs};
+use super::CommonArgs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TransformArg {
@@ -401,16 +401,41 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
+/// `make-dataset vision`.
+#[derive(Args, Debug)]
+pub struct MakeArgs {
+    #[command(flatten)]
+    pub common: super::MakeArgs,
+    /// Resample every image to exactly WxH (e.g. 6000x4000 for camera-sized
+    /// photos); default: about 500×375, varying.
+    #[arg(long, value_name = "WxH", value_parser = parse_image_size)]
+    pub image_size: Option<(u32, u32)>,
+}
+
+fn parse_image_size(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{s:?}: expected WxH, e.g. 2400x1800");
+    let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (w, h): (u32, u32) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+    // JPEG's limit is 65,535 per side; past 100 MP a decoder's default
+    // --max-pixels refuses the images anyway.
+    if w == 0 || h == 0 || w > 65_535 || h > 65_535 || u64::from(w) * u64::from(h) > 100_000_000 {
+        return Err(format!("{s}: each side 1–65535 and at most 100 MP"));
+    }
+    Ok((w, h))
+}
+
+pub fn make_dataset(m: &MakeArgs) -> Result<(), CliError> {
+    let a = &m.common;
     if a.count == 0 {
         return Err(CliError::Usage("--count must be at least 1".into()));
     }
     let t = std::time::Instant::now();
-    synth::write_dataset(
+    synth::write_dataset_sized(
         &a.dir,
         a.count,
         a.seed,
         ferrofeed_core::builder::available_cpus(),
+        m.image_size,
     )
     .map_err(CliError::io(&a.dir))?;
     println!(

@@ -159,11 +159,37 @@ pub fn jpeg(seed: u64, index: u64, quality: u8) -> Result<Vec<u8>, String> {
     encode_jpeg(&image(seed, index), quality)
 }
 
+/// Image `index` resampled to exactly `width × height` (e.g. camera-sized
+/// photos for memory benchmarks), as a JPEG.
+pub fn jpeg_sized(
+    seed: u64,
+    index: u64,
+    quality: u8,
+    (width, height): (u32, u32),
+) -> Result<Vec<u8>, String> {
+    let img = image(seed, index);
+    let full = (0.0, 0.0, f64::from(img.width), f64::from(img.height));
+    let data =
+        crate::resample::resize(&img.data, img.width, img.height, full, width, height, false)?;
+    encode_jpeg(&Image::new(width, height, data)?, quality)
+}
+
 /// Writes `count` JPEGs (q90) into `dir/<class>/img_<index>.jpg` (e.g.
 /// `class_03/img_000013.jpg`), spread over
 /// `threads` threads. The folder is written under a temporary name and
 /// renamed at the end, so an interrupted run leaves no half dataset.
 pub fn write_dataset(dir: &Path, count: u64, seed: u64, threads: usize) -> std::io::Result<()> {
+    write_dataset_sized(dir, count, seed, threads, None)
+}
+
+/// [`write_dataset`] with every image resampled to `size` (width, height).
+pub fn write_dataset_sized(
+    dir: &Path,
+    count: u64,
+    seed: u64,
+    threads: usize,
+    size: Option<(u32, u32)>,
+) -> std::io::Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)?;
     let tmp = parent.join(format!(
@@ -187,7 +213,11 @@ pub fn write_dataset(dir: &Path, count: u64, seed: u64, threads: usize) -> std::
                 s.spawn(move || -> std::io::Result<()> {
                     let mut i = t;
                     while i < count {
-                        let bytes = jpeg(seed, i, 90).map_err(std::io::Error::other)?;
+                        let bytes = match size {
+                            None => jpeg(seed, i, 90),
+                            Some(size) => jpeg_sized(seed, i, 90, size),
+                        }
+                        .map_err(std::io::Error::other)?;
                         let path = tmp
                             .join(class_name(class_of(i)))
                             .join(format!("img_{i:06}.jpg"));

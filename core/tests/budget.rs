@@ -1,0 +1,174 @@
+//! The byte budget holds for every sample size from the very first task:
+//! samples that grow as they move (a small source item, a large stage
+//! output), map and iterable sources, fused and split stages, autotune.
+//! Bound: peak bytes in flight ≤ budget + one batch (the task the consumer
+//! needs next is always admitted). A budget too small for the batch the
+//! consumer holds plus the next batch's samples and its collated copy runs
+//! one batch at a time, and peaks at those three.
+use std::time::Duration;
+
+use ferrofeed_core::prelude::*;
+use ferrofeed_core::source::ShardIter;
+
+/// A source item: small (a file path, a few bytes).
+#[derive(Clone)]
+struct Small(u64);
+impl Component for Small {
+    fn nbytes(&self) -> usize {
+        8
+    }
+}
+
+/// What a stage makes of it: `n` bytes (decoded pixels).
+#[derive(Clone)]
+struct Blob(Vec<u8>);
+impl Component for Blob {
+    fn nbytes(&self) -> usize {
+        self.0.len()
+    }
+}
+impl Collatable for Blob {
+    type Elem = u8;
+    fn shape(&self) -> Vec<usize> {
+        vec![self.0.len()]
+    }
+    fn write(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.0);
+    }
+}
+
+struct Shards {
+    shards: usize,
+    per: u64,
+}
+impl IterableSource for Shards {
+    type Output = Small;
+    fn num_shards(&self) -> usize {
+        self.shards
+    }
+    fn shard_key(&self, s: usize) -> String {
+        format!("shard-{s}")
+    }
+    fn open(&self, s: usize) -> Result<ShardIter<Small>, BoxError> {
+        let per = self.per;
+        Ok(Box::new(
+            (0..per).map(move |i| Ok(Small(s as u64 * per + i))),
+        ))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Map,
+    Iterable,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Stages {
+    /// Both stages on one pool.
+    Fused,
+    /// Two pools of different sizes, linked by a queue.
+    Split,
+    /// Each stage its own tuned pool.
+    Autotune,
+}
+
+/// Runs one epoch of `samples` items that grow to `size` bytes, with a slow
+/// consumer, and returns (peak bytes in flight, samples delivered).
+fn run(
+    kind: Kind,
+    stages: Stages,
+    samples: u64,
+    size: usize,
+    batch: usize,
+    budget: usize,
+) -> (usize, usize) {
+    let builder = match kind {
+        Kind::Map => Pipeline::builder(FnSource::new(samples, |i| Ok(Small(i)))),
+        Kind::Iterable => Pipeline::builder_iterable(Shards {
+            shards: 6,
+            per: samples / 6,
+        })
+        .interleave(2),
+    };
+    let (first, second) = match stages {
+        Stages::Fused | Stages::Autotune => (Parallelism::Auto, Parallelism::Auto),
+        Stages::Split => (Parallelism::Fixed(1), Parallelism::Fixed(3)),
+    };
+    let p = builder
+        .map_with(
+            "check",
+            StageOptions::new().workers(first),
+            |s: Small, _: &StageCtx| Ok::<_, BoxError>(s),
+        )
+        .map_with(
+            "inflate",
+            StageOptions::new().workers(second),
+            move |s: Small, _: &StageCtx| Ok::<_, BoxError>(Blob(vec![s.0 as u8; size])),
+        )
+        .batch_size(batch)
+        .cpus(3)
+        .autotune(matches!(stages, Stages::Autotune))
+        .max_bytes_in_flight(budget)
+        .collate(StackCollate::new().column::<Blob>("blob"))
+        .build()
+        .unwrap();
+    let mut n = 0;
+    for b in p.epoch(0) {
+        n += b.unwrap().len();
+        // A slow consumer lets the workers run ahead as far as they may.
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(p.budget().used(), 0, "every byte is released at the end");
+    (p.budget().peak(), n)
+}
+
+fn check(samples: u64, size: usize, batch: usize, budget: usize) {
+    for kind in [Kind::Map, Kind::Iterable] {
+        for stages in [Stages::Fused, Stages::Split, Stages::Autotune] {
+            let (peak, n) = run(kind, stages, samples, size, batch, budget);
+            assert_eq!(
+                n as u64, samples,
+                "{kind:?} {stages:?}: every sample delivered"
+            );
+            let one_batch = batch * size;
+            assert!(
+                peak <= budget + one_batch,
+                "{kind:?} {stages:?}, {size}-byte samples: peak {peak} over budget {budget} + one batch {one_batch}"
+            );
+            assert!(
+                peak >= one_batch,
+                "{kind:?} {stages:?}: the budget counted the batches ({peak})"
+            );
+        }
+    }
+}
+
+#[test]
+fn large_samples_stay_within_the_budget_from_the_first_task() {
+    // 20 MB samples: before this held, the first tasks were admitted at an
+    // estimate of zero bytes (6 × 3 of them in flight at once).
+    check(24, 20 << 20, 1, 64 << 20);
+    check(24, 20 << 20, 2, 160 << 20);
+}
+
+#[test]
+fn small_samples_stay_within_the_budget() {
+    check(1_800, 1 << 10, 8, 64 << 10);
+}
+
+#[test]
+fn a_budget_smaller_than_one_batch_delivers_one_task_at_a_time() {
+    for kind in [Kind::Map, Kind::Iterable] {
+        for stages in [Stages::Fused, Stages::Split, Stages::Autotune] {
+            let (peak, n) = run(kind, stages, 12, 1 << 20, 3, 1 << 10);
+            assert_eq!(n, 12);
+            // The batch the consumer holds, and the next task's samples and
+            // their collated copy.
+            assert!(
+                peak <= 3 * (3 << 20) + 4096,
+                "{kind:?} {stages:?}: peak {peak}"
+            );
+        }
+    }
+}
