@@ -75,6 +75,37 @@ fn npy_header(path: &Path) -> (String, Vec<usize>) {
 }
 
 #[test]
+fn make_dataset_writes_camera_sized_images_when_asked() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("large");
+    ok(&[
+        "make-dataset",
+        "vision",
+        dir.to_str().unwrap(),
+        "--count",
+        "3",
+        "--image-size",
+        "640x360",
+    ]);
+    let files = jpgs(&dir);
+    assert_eq!(files.len(), 3);
+    for f in files {
+        let dims = ferrofeed::vision::peek_dimensions(&std::fs::read(&f).unwrap()).unwrap();
+        assert_eq!(dims, (640, 360), "{}", f.display());
+    }
+    for bad in ["640", "0x10", "70000x10", "20000x20000"] {
+        let out = run(&[
+            "make-dataset",
+            "vision",
+            dir.to_str().unwrap(),
+            "--image-size",
+            bad,
+        ]);
+        assert!(!out.status.success(), "--image-size {bad} is refused");
+    }
+}
+
+#[test]
 fn make_dataset_is_deterministic_and_imagenet_like() {
     let d = tempfile::tempdir().unwrap();
     let (a, b) = (d.path().join("a"), d.path().join("b"));

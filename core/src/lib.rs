@@ -48,6 +48,7 @@ pub mod sampler;
 pub mod source;
 pub mod stage;
 pub mod state;
+pub mod stop;
 pub mod table;
 pub mod trace;
 
@@ -67,6 +68,7 @@ pub use sampler::{
 pub use source::{FnSource, IterableSource, Source};
 pub use stage::{Parallelism, Stage, StageCtx};
 pub use state::{PipelineState, ResumeError};
+pub use stop::StopHandle;
 pub use table::{BatchRows, Table};
 
 /// Everything a pipeline author usually needs, in one import.

@@ -215,6 +215,9 @@ pub struct EpochSummary {
     pub wait_seconds: f64,
     /// Whether the epoch ran to its end (not abandoned, not failed).
     pub completed: bool,
+    /// Whether it ended early because a [`StopHandle`](crate::StopHandle)
+    /// was set.
+    pub stopped: bool,
 }
 
 /// Queue fill, bytes in flight, throughput and worker counts over time,

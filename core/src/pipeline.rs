@@ -334,6 +334,8 @@ pub(crate) struct Shared {
     /// (last entry) of the batches collate makes; 0 until measured. They
     /// outlive epochs, so a later epoch starts from what the last one saw.
     row_bytes: Vec<AtomicUsize>,
+    /// Set to end epochs at the next batch (see [`crate::stop`]).
+    stop: crate::stop::StopHandle,
 }
 
 /// Interval of a fresh timeline.
@@ -453,6 +455,7 @@ impl Shared {
             queue_len: (0..=n_segments).map(|_| AtomicUsize::new(0)).collect(),
             queue_cap: (0..=n_segments).map(|_| AtomicUsize::new(1)).collect(),
             row_bytes: (0..=n_segments).map(|_| AtomicUsize::new(0)).collect(),
+            stop: crate::stop::StopHandle::new(),
         }
     }
 
@@ -1915,6 +1918,12 @@ impl Pipeline {
         self.len() == Some(0)
     }
 
+    /// The handle that stops this pipeline's epochs at the next batch, from
+    /// any thread or a signal handler (see [`crate::stop`]).
+    pub fn stop_handle(&self) -> crate::stop::StopHandle {
+        self.shared.stop.clone()
+    }
+
     /// The byte budget (its `peak()` is the high-water mark).
     pub fn budget(&self) -> &ByteBudget {
         &self.shared.budget
@@ -2661,7 +2670,12 @@ enum Recv {
     Msg(TaskOut),
     Closed,
     Error(SampleError),
+    /// The stop handle was set while waiting.
+    Stopped,
 }
+
+/// How often a waiting consumer looks at the stop handle.
+const STOP_POLL: Duration = Duration::from_millis(20);
 
 impl<'p> EpochIter<'p> {
     fn failed(pipeline: &'p Pipeline, epoch: u64, err: SampleError) -> Self {
@@ -2767,17 +2781,17 @@ impl<'p> EpochIter<'p> {
                 Some(n.saturating_sub(taken))
             });
         }
-        if !shared.has_timeouts {
-            return match rx.recv() {
-                Ok(m) => Recv::Msg(m),
-                Err(_) => Recv::Closed,
-            };
-        }
         loop {
-            match rx.recv_timeout(Duration::from_millis(20)) {
+            match rx.recv_timeout(STOP_POLL) {
                 Ok(m) => return Recv::Msg(m),
                 Err(flume::RecvTimeoutError::Disconnected) => return Recv::Closed,
                 Err(flume::RecvTimeoutError::Timeout) => {
+                    if shared.stop.is_stopped() {
+                        return Recv::Stopped;
+                    }
+                    if !shared.has_timeouts {
+                        continue;
+                    }
                     let now = shared.t0.elapsed().as_nanos() as u64;
                     for slot in &shared.slots {
                         let since = slot.since_ns.load(Ordering::Acquire);
@@ -2887,6 +2901,14 @@ impl Iterator for EpochIter<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
+            if !self.finished && self.pipeline.shared.stop.is_stopped() {
+                // Only whole batches were yielded: the position is exact.
+                self.summary.stopped = true;
+                self.ready.clear();
+                self.pending_err = None;
+                self.finish(false);
+                return None;
+            }
             if let Some(b) = self.ready.pop_front() {
                 if let Some(sink) = &self.pipeline.shared.trace {
                     let mut ev = vec![crate::trace::TraceEvent {
@@ -2947,6 +2969,7 @@ impl Iterator for EpochIter<'_> {
                     }
                 }
                 Recv::Error(e) => self.pending_err = Some(e),
+                Recv::Stopped => continue,
                 Recv::Closed => {
                     let cancelled = self.run.as_ref().is_some_and(|r| r.cancelled());
                     let msg = if cancelled {

@@ -59,7 +59,7 @@ enum InspectDomain {
 #[derive(Subcommand, Debug)]
 enum MakeDomain {
     /// ImageNet-like folder: 10 classes of ~500×375 JPEGs (q90).
-    Vision(vision::MakeArgs),
+    Vision(vision::MakeVisionArgs),
     /// Lines of the embedded corpus in .txt and .jsonl files (1,000 lines each).
     Text(MakeArgs),
     /// Tones, chirps and noise as wav/flac files of varied lengths and rates (`--speech`: and three spoken sentences).
@@ -280,9 +280,13 @@ pub fn main() -> i32 {
     };
     match result {
         Ok(()) => 0,
+        Err(e @ run::CliError::Interrupted { .. }) => {
+            eprintln!("ferrofeed: {e}");
+            e.exit_code()
+        }
         Err(e) => {
             eprintln!("error: {e}");
-            1
+            e.exit_code()
         }
     }
 }

@@ -1,5 +1,7 @@
-//! The run loop: epochs, progress bar, `--limit-batches`, `--dump`, and the
-//! end-of-run report.
+//! The run loop: epochs, progress bar, `--limit-batches`, `--dump`, the
+//! end-of-run report, and stopping on SIGINT/SIGTERM (the first signal ends
+//! the run at the next batch, writes `--save-state` and the report, and
+//! exits 130 or 143; a second one exits at once).
 //!
 //! ```text
 //! ferrofeed vision DIR --epochs 2 --limit-batches 10 --dump out/
@@ -7,9 +9,11 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
-use ferrofeed_core::{Pipeline, SampleError};
+use ferrofeed_core::{Pipeline, SampleError, StopHandle};
 
 use super::report::{print_table, EpochEntry, Report, SkippedEntry};
 use super::CommonArgs;
@@ -31,6 +35,79 @@ pub enum CliError {
         /// The error.
         source: std::io::Error,
     },
+    /// SIGINT or SIGTERM stopped the run (state and report were written).
+    #[error("{message}")]
+    Interrupted {
+        /// The signal's number (the exit status is 128 + it).
+        signal: i32,
+        /// What was stopped and what was written.
+        message: String,
+    },
+}
+
+impl CliError {
+    /// The process's exit status for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Interrupted { signal, .. } => 128 + signal,
+            _ => 1,
+        }
+    }
+}
+
+/// SIGINT and SIGTERM handlers for the length of a run: the first signal
+/// sets the pipeline's stop handle (and records which signal it was), a
+/// second one exits at once with 128 + its number.
+struct Signals {
+    which: Arc<AtomicUsize>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Signals {
+    fn watch(stop: &StopHandle) -> Result<Signals, CliError> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let which = Arc::new(AtomicUsize::new(0));
+        let mut ids = Vec::new();
+        let err = |e: std::io::Error| CliError::Usage(format!("cannot watch for signals: {e}"));
+        for sig in [SIGINT, SIGTERM] {
+            // The exit goes first: it fires only once the flag is set, i.e.
+            // on the second signal.
+            ids.push(
+                signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, stop.flag())
+                    .map_err(err)?,
+            );
+            ids.push(
+                signal_hook::flag::register_usize(sig, Arc::clone(&which), sig as usize)
+                    .map_err(err)?,
+            );
+            ids.push(signal_hook::flag::register(sig, stop.flag()).map_err(err)?);
+        }
+        Ok(Signals { which, ids })
+    }
+
+    /// The signal that stopped the run, if one did.
+    fn received(&self) -> Option<i32> {
+        match self.which.load(Ordering::SeqCst) {
+            0 => None,
+            s => i32::try_from(s).ok(),
+        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        signal_hook::consts::SIGINT => "SIGINT",
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
 }
 
 impl CliError {
@@ -131,6 +208,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         None => None,
     };
     let first_epoch = resume.as_ref().map_or(0, |s| s.epoch);
+    let signals = Signals::watch(&p.stop_handle())?;
     p.reset_metrics();
     let start = Instant::now();
     let mut batches = 0u64;
@@ -190,12 +268,15 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
             samples_per_s: it.summary().samples as f64 / epoch_seconds.max(1e-9),
         });
         last_state = it.state();
+        let stopped = it.summary().stopped;
         drop(it);
         (spec.epoch_end)(e);
-        if stop {
+        if stop || stopped {
             break 'epochs;
         }
     }
+    let interrupted = signals.received();
+    drop(signals);
     let seconds = start.elapsed().as_secs_f64();
     if let Some(path) = &c.save_state {
         std::fs::write(path, last_state.to_json()).map_err(CliError::io(path))?;
@@ -245,6 +326,24 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         let json =
             serde_json::to_vec_pretty(&report).map_err(|e| CliError::Usage(e.to_string()))?;
         std::fs::write(path, json).map_err(CliError::io(path))?;
+    }
+    if let Some(signal) = interrupted {
+        let saved = match &c.save_state {
+            Some(path) => format!(
+                "; state saved to {} (--resume it to continue)",
+                path.display()
+            ),
+            None => "; no --save-state given".to_string(),
+        };
+        return Err(CliError::Interrupted {
+            signal,
+            message: format!(
+                "interrupted by {} after {batches} batches (epoch {}, position {:?}){saved}",
+                signal_name(signal),
+                last_state.epoch,
+                last_state.position
+            ),
+        });
     }
     Ok(())
 }

@@ -403,7 +403,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
 
 /// `make-dataset vision`.
 #[derive(Args, Debug)]
-pub struct MakeArgs {
+pub struct MakeVisionArgs {
     #[command(flatten)]
     pub common: super::MakeArgs,
     /// Resample every image to exactly WxH (e.g. 6000x4000 for camera-sized
@@ -424,7 +424,7 @@ fn parse_image_size(s: &str) -> Result<(u32, u32), String> {
     Ok((w, h))
 }
 
-pub fn make_dataset(m: &MakeArgs) -> Result<(), CliError> {
+pub fn make_dataset(m: &MakeVisionArgs) -> Result<(), CliError> {
     let a = &m.common;
     if a.count == 0 {
         return Err(CliError::Usage("--count must be at least 1".into()));
