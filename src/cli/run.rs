@@ -102,6 +102,39 @@ impl Drop for Signals {
     }
 }
 
+/// What one sample of a domain is, for rates.
+fn sample_unit(domain: &str) -> &'static str {
+    match domain {
+        "vision" => "images",
+        "text" => "sequences",
+        "audio" => "chunks",
+        _ => "samples",
+    }
+}
+
+/// A rate for the progress bar: `2,389 images/s`, `31.6 chunks/s`,
+/// `0.42 sequences/s` (three significant figures, at most two decimals).
+fn rate_text(samples: u64, seconds: f64, domain: &str) -> String {
+    let r = samples as f64 / seconds.max(1e-9);
+    let unit = sample_unit(domain);
+    if r >= 100.0 {
+        let n = r.round() as u64;
+        let digits = n.to_string();
+        let mut grouped = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(c);
+        }
+        format!("{grouped} {unit}/s")
+    } else if r >= 10.0 {
+        format!("{r:.1} {unit}/s")
+    } else {
+        format!("{r:.2} {unit}/s")
+    }
+}
+
 fn signal_name(sig: i32) -> &'static str {
     match sig {
         signal_hook::consts::SIGINT => "SIGINT",
@@ -187,7 +220,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         };
         pb.set_style(
             indicatif::ProgressStyle::with_template(
-                "{spinner} {prefix} [{bar:30}] {pos}/{len} batches  {per_sec}  eta {eta}",
+                "{spinner} {prefix} [{bar:30}] {pos}/{len} batches  {msg}  eta {eta}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> "),
@@ -251,6 +284,11 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
             }
             batches += 1;
             if let Some(pb) = &bar {
+                pb.set_message(rate_text(
+                    samples,
+                    start.elapsed().as_secs_f64(),
+                    spec.domain,
+                ));
                 pb.inc(1);
             }
             if c.limit_batches.is_some_and(|l| batches >= l) {
@@ -346,4 +384,19 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rate_text;
+
+    #[test]
+    fn rates_have_a_unit_and_sensible_precision() {
+        assert_eq!(rate_text(316_426, 10_000.0, "audio"), "31.6 chunks/s");
+        assert_eq!(rate_text(2_389, 1.0, "vision"), "2,389 images/s");
+        assert_eq!(rate_text(1_234_567, 1.0, "text"), "1,234,567 sequences/s");
+        assert_eq!(rate_text(42, 100.0, "vision"), "0.42 images/s");
+        assert_eq!(rate_text(150, 1.0, "vision"), "150 images/s");
+        assert_eq!(rate_text(0, 0.0, "vision"), "0.00 images/s");
+    }
 }
