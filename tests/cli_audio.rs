@@ -73,14 +73,47 @@ fn synthetic_dataset_to_logmel_batches() {
     assert!(r["audio_seconds"].as_f64().unwrap() > 6.0);
     let index: Vec<serde_json::Value> =
         serde_json::from_slice(&std::fs::read(dump.join("index.json")).unwrap()).unwrap();
-    assert_eq!(index.len(), 6);
     let mut chunks = 0;
-    for f in files(&dump, "features_") {
-        let (descr, shape, _) = npy(&f);
+    let feature_files = files(&dump, "features_");
+    for (k, f) in feature_files.iter().enumerate() {
+        let (descr, shape, _) = npy(f);
         assert_eq!(descr, "<f4");
         assert_eq!(&shape[1..], &[80, 201]);
+        // Full batches across files; only the last may hold fewer.
+        if k + 1 < feature_files.len() {
+            assert_eq!(shape[0], 4, "batch {k}");
+        }
         chunks += shape[0];
     }
+    // One index entry per delivered chunk: its index, file and start.
+    assert_eq!(index.len(), chunks);
+    let indices: Vec<i64> = files(&dump, "indices_")
+        .iter()
+        .flat_map(|f| npy_i64(f).1)
+        .collect();
+    let dumped_starts: Vec<i64> = files(&dump, "chunk_starts_")
+        .iter()
+        .flat_map(|f| npy_i64(f).1)
+        .collect();
+    let by_index: std::collections::HashMap<i64, &serde_json::Value> = index
+        .iter()
+        .map(|e| (e["index"].as_i64().unwrap(), e))
+        .collect();
+    for (i, start) in indices.iter().zip(&dumped_starts) {
+        let e = by_index[i];
+        assert_eq!(e["chunk_start"].as_i64(), Some(*start), "{e}");
+        assert!(
+            e["path"].as_str().unwrap().ends_with(".wav")
+                || e["path"].as_str().unwrap().ends_with(".flac"),
+            "{e}"
+        );
+    }
+    let files_in_batch0: std::collections::HashSet<i64> = npy_i64(&files(&dump, "indices_")[0])
+        .1
+        .iter()
+        .map(|i| i >> 40)
+        .collect();
+    assert!(files_in_batch0.len() > 1, "a batch mixes files");
     let lengths: Vec<i64> = files(&dump, "lengths_")
         .iter()
         .flat_map(|f| npy_i64(f).1)
@@ -252,4 +285,92 @@ fn speech_files_join_the_dataset_and_run_through_the_pipeline() {
     // 4.5 + 5.0 + 6.7 s of speech (resampled from 22.05 kHz) and 2–4 s of synthetic audio.
     let secs = r["audio_seconds"].as_f64().unwrap();
     assert!((18.0..21.0).contains(&secs), "{secs}");
+}
+
+/// Full batches across files are deterministic for a seed and resume
+/// exactly at any batch, also where short last parts of groups of files are
+/// held back to fill the next batch (the state names them).
+#[test]
+fn full_batches_across_files_resume_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("data");
+    make_audio(&cache, &data, "7", "9", &["--seed", "5"]);
+    let d = data.to_str().unwrap();
+    let dump = |name: &str, extra: &[&str]| -> PathBuf {
+        let out = tmp.path().join(name);
+        let mut args = vec![
+            "audio",
+            d,
+            "--chunk-seconds",
+            "1",
+            "--batch-size",
+            "4",
+            "--seed",
+            "3",
+            "--interleave",
+            "2",
+            "--quiet",
+            "--dump",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        ok(&cache, &args);
+        out
+    };
+    let cols = |dir: &Path| -> Vec<Vec<u8>> {
+        ["features_", "indices_", "chunk_starts_"]
+            .iter()
+            .flat_map(|p| files(dir, p))
+            .map(|f| std::fs::read(f).unwrap())
+            .collect()
+    };
+    let full = dump("full", &["--workers", "2"]);
+    let sizes: Vec<usize> = files(&full, "indices_")
+        .iter()
+        .map(|f| npy_i64(f).1.len())
+        .collect();
+    assert!(
+        sizes[..sizes.len() - 1].iter().all(|&n| n == 4),
+        "{sizes:?}"
+    );
+    assert_eq!(
+        cols(&dump("one-worker", &["--workers", "1"])),
+        cols(&full),
+        "any worker count"
+    );
+    let n = sizes.len();
+    let mut held_back = 0;
+    for k in [1, n / 3, n / 2, n - 1] {
+        let state = tmp.path().join(format!("state-{k}.json"));
+        let k_s = k.to_string();
+        let a = dump(
+            &format!("a{k}"),
+            &[
+                "--limit-batches",
+                &k_s,
+                "--save-state",
+                state.to_str().unwrap(),
+            ],
+        );
+        let saved: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        if saved.get("carry").is_some() {
+            held_back += 1;
+        }
+        let b = dump(&format!("b{k}"), &["--resume", state.to_str().unwrap()]);
+        for p in ["features_", "indices_", "chunk_starts_"] {
+            let joined: Vec<Vec<u8>> = files(&a, p)
+                .into_iter()
+                .chain(files(&b, p))
+                .map(|f| std::fs::read(f).unwrap())
+                .collect();
+            let want: Vec<Vec<u8>> = files(&full, p)
+                .into_iter()
+                .map(|f| std::fs::read(f).unwrap())
+                .collect();
+            assert_eq!(joined, want, "resumed after {k} batches: {p}");
+        }
+    }
+    assert!(held_back > 0, "some saved state held a short part back");
 }

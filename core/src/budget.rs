@@ -181,6 +181,10 @@ impl Lease {
         }
         self.bytes = bytes;
     }
+    /// Takes over `other`'s charge (of the same budget).
+    pub fn absorb(&mut self, mut other: Lease) {
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
     /// Moves `bytes` (at most what is held) into a new lease.
     pub fn split(&mut self, bytes: usize) -> Lease {
         let take = bytes.min(self.bytes);

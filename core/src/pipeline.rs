@@ -436,7 +436,9 @@ impl Shared {
             source,
             metrics: (0..n).map(|_| StageMetrics::default()).collect(),
             slow: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            slots: (0..total_workers).map(|_| WorkerSlot::default()).collect(),
+            // One slot per worker, and the consumer's (its merged batches
+            // and a resume's re-read parts).
+            slots: (0..=total_workers).map(|_| WorkerSlot::default()).collect(),
             stages,
             collate,
             sampler,
@@ -677,6 +679,74 @@ struct Handoff {
     lease: Lease,
 }
 
+/// A short part held back: `(shard group position, part, first row held)`.
+type CarryId = (u64, u64, u64);
+
+/// Short parts of an iterable source waiting to fill a batch, in the order
+/// the consumer received them.
+#[derive(Default)]
+struct Carry {
+    table: Table,
+    lease: Option<Lease>,
+    /// Each part held: `(group, part, first row held)` and its rows held.
+    segs: Vec<((u64, u64, u64), usize)>,
+}
+
+impl Carry {
+    /// The parts held, as a saved state names them.
+    fn segments(&self) -> Vec<(u64, u64, u64)> {
+        self.segs.iter().map(|s| s.0).collect()
+    }
+
+    fn push(
+        &mut self,
+        id: (u64, u64, u64),
+        table: Table,
+        lease: Option<Lease>,
+    ) -> Result<(), SampleError> {
+        let n = table.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.table.append(table).map_err(|cols| {
+            pipeline_error(format!(
+                "parts of one epoch hold different components: {cols}"
+            ))
+        })?;
+        self.segs.push((id, n));
+        match (&mut self.lease, lease) {
+            (Some(held), Some(more)) => held.absorb(more),
+            (None, more) => self.lease = more,
+            (Some(_), None) => {}
+        }
+        Ok(())
+    }
+
+    /// The first `n` rows held, and their share of the lease.
+    fn take_front(&mut self, n: usize) -> (Table, Option<Lease>) {
+        let front = self.table.split_front(n);
+        let mut left = front.len();
+        while left > 0 && !self.segs.is_empty() {
+            let seg = &mut self.segs[0];
+            if seg.1 <= left {
+                left -= seg.1;
+                self.segs.remove(0);
+            } else {
+                seg.0 .2 += left as u64;
+                seg.1 -= left;
+                left = 0;
+            }
+        }
+        let lease = self.lease.as_mut().map(|l| l.split(front.nbytes()));
+        (front, lease)
+    }
+}
+
+/// The seed of a shard group's shuffle buffer: drawn from its first shard.
+fn group_seed(seed: u64, epoch: u64, first_shard: usize) -> u64 {
+    crate::rng::derive_seed(&[seed, epoch, first_shard as u64, 0x5342_5546])
+}
+
 /// Counts a worker out of [`EpochRun::readers`] when it stops reading,
 /// also by a panic.
 struct ReaderGuard<'a>(&'a AtomicUsize);
@@ -736,6 +806,10 @@ struct TaskOut {
     last: bool,
     batches: Vec<Batch>,
     log: TaskLog,
+    /// The last part of an iterable source's shard group, short of a batch,
+    /// not collated: the consumer merges such parts, in order, into full
+    /// batches.
+    rest: Option<(Table, Lease)>,
 }
 
 enum Out {
@@ -1289,9 +1363,8 @@ impl Worker {
         } = h;
         self.run_segment(&job.run, &mut table, &mut log, &mut lease);
         let last = done || log.fail.is_some();
-        if self.shared.cfg.drop_last && table.len() < self.shared.cfg.batch_size {
-            table.truncate(0);
-        }
+        // A short part is merged with others by the consumer; `drop_last`
+        // drops only what is left at the epoch's end.
         let msg = TaskMsg {
             key: Key { major, minor: part },
             next_major: if last { major + 1 } else { major },
@@ -1301,6 +1374,95 @@ impl Worker {
             lease,
         };
         self.forward(job, msg).then_some(last)
+    }
+
+    /// Reads part `part` of shard group `t` again (a saved state holds it
+    /// back): the group's shards opened as [`read_groups`](Self::read_groups)
+    /// opens them, under the same policy, and the parts before it read and
+    /// dropped.
+    fn read_part(
+        &mut self,
+        run: &EpochRun,
+        t: u64,
+        part: u64,
+    ) -> Result<(Table, Lease), SampleError> {
+        let shared = Arc::clone(&self.shared);
+        let (
+            ErasedSource::Iter { key, open, .. },
+            Work::Iter {
+                order, interleave, ..
+            },
+        ) = (&shared.source, &run.work)
+        else {
+            return Err(pipeline_error(
+                "only iterable sources hold parts back".into(),
+            ));
+        };
+        let g = (*interleave).max(1);
+        let lo = usize::try_from(t).unwrap_or(usize::MAX).saturating_mul(g);
+        if lo >= order.len() {
+            return Err(pipeline_error(format!(
+                "the saved state holds back a part of shard group {t}, but this epoch has {} groups",
+                order.len().div_ceil(g)
+            )));
+        }
+        let shards = &order[lo..(lo + g).min(order.len())];
+        let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
+        let policy = shared.cfg.policy;
+        let mut reader: Option<Box<dyn ShardReader>> = None;
+        for &shard in shards {
+            let mut attempt = 0;
+            let opened = loop {
+                match open(shard, shared.cfg.shuffle_buffer, seed) {
+                    Ok(r) => break Some(r),
+                    Err(_) if attempt < policy.attempts() => {
+                        attempt += 1;
+                        std::thread::sleep(policy.backoff(attempt));
+                    }
+                    // Skipped in the run that saved the state, too.
+                    Err(_) if policy.skips() => break None,
+                    Err(e) => {
+                        return Err(SampleError::from_box(
+                            Some(stream_index(shard, 0)),
+                            Some(key(shard)),
+                            "source",
+                            &e,
+                        ))
+                    }
+                }
+            };
+            if let Some(r) = opened {
+                match &mut reader {
+                    Some(base) => base.merge(r.into_any()),
+                    None => reader = Some(r),
+                }
+            }
+        }
+        let bs = shared.cfg.batch_size;
+        let Some(mut reader) = reader else {
+            return Ok((Table::new(), shared.budget.lease(0)));
+        };
+        for _ in 0..part {
+            let (_, _, done) = reader.next_part(bs);
+            if done {
+                return Err(pipeline_error(format!(
+                    "the saved state holds back part {part} of shard group {t}, which has fewer parts"
+                )));
+            }
+        }
+        let (table, errs, _) = reader.next_part(bs);
+        if !policy.skips() {
+            if let Some((idx, e)) = errs.into_iter().next() {
+                return Err(SampleError::from_box(
+                    Some(idx),
+                    shared.source.key_of(idx),
+                    "source",
+                    &e,
+                ));
+            }
+        }
+        let lease = shared.budget.lease(table.nbytes());
+        Ok((table, lease))
     }
 
     fn read_groups(&mut self, job: &Job, order: &[usize], group: usize, skip_parts: u64) {
@@ -1337,13 +1499,7 @@ impl Worker {
             let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
             let mut reader: Option<Box<dyn ShardReader>> = None;
-            // The group's shuffle buffer is seeded by its first shard.
-            let seed = crate::rng::derive_seed(&[
-                shared.cfg.seed,
-                run.epoch,
-                shards[0] as u64,
-                0x5342_5546,
-            ]);
+            let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
             for &shard in shards {
                 for attempt in 0..=policy.attempts() {
                     match open(shard, shared.cfg.shuffle_buffer, seed) {
@@ -1508,7 +1664,7 @@ impl Worker {
                 tx.send(msg).is_ok()
             }
             Out::Final(tx) => {
-                let out = self.collate(msg, job.run.epoch);
+                let out = self.collate(msg, job.run.epoch, true);
                 self.meter_end(rows);
                 self.stats.flush(&self.shared);
                 if let Some(sink) = &self.shared.trace {
@@ -1523,7 +1679,12 @@ impl Worker {
         }
     }
 
-    fn collate(&mut self, msg: TaskMsg, epoch: u64) -> TaskOut {
+    /// Collates a task's batches; with `hold_short`, the last part of an
+    /// iterable source's shard group, when short of a batch, is handed on
+    /// uncollated, for the consumer to merge with the next groups' into full
+    /// batches. (A part short because a skip dropped rows stays a short
+    /// batch, as a map-style batch does.)
+    fn collate(&mut self, msg: TaskMsg, epoch: u64, hold_short: bool) -> TaskOut {
         let shared = Arc::clone(&self.shared);
         let TaskMsg {
             key,
@@ -1533,6 +1694,25 @@ impl Worker {
             mut log,
             lease,
         } = msg;
+        if hold_short
+            && last
+            && log.fail.is_none()
+            && matches!(shared.source, ErasedSource::Iter { .. })
+            && !table.is_empty()
+            && table.len() < shared.cfg.batch_size
+        {
+            // Held, it weighs what it holds (not what admission reserved).
+            let mut lease = lease;
+            lease.resize(table.nbytes());
+            return TaskOut {
+                key,
+                next_major,
+                last,
+                batches: Vec::new(),
+                log,
+                rest: Some((table, lease)),
+            };
+        }
         let m = shared.stages.len() + 1;
         let policy = match shared.cfg.policy {
             ErrorPolicy::Retry {
@@ -1660,6 +1840,7 @@ impl Worker {
             last,
             batches: out,
             log,
+            rest: None,
         }
     }
 }
@@ -1678,18 +1859,24 @@ fn run_batch_stages(shared: &Shared, batch: &mut Batch) -> Option<(String, Error
     None
 }
 
+impl Worker {
+    fn new(shared: Arc<Shared>, seg: usize, slot: usize) -> Worker {
+        let n = shared.stages.len() + 2;
+        Worker {
+            shared,
+            seg,
+            slot,
+            stats: LocalStats::new(n),
+            trace_buf: Vec::new(),
+            chunk: 1,
+            ns_per_batch: 0.0,
+            meter: None,
+        }
+    }
+}
+
 fn worker_main(shared: Arc<Shared>, seg: usize, slot: usize, ctrl: flume::Receiver<Job>) {
-    let n = shared.stages.len() + 2;
-    let mut worker = Worker {
-        shared,
-        seg,
-        slot,
-        stats: LocalStats::new(n),
-        trace_buf: Vec::new(),
-        chunk: 1,
-        ns_per_batch: 0.0,
-        meter: None,
-    };
+    let mut worker = Worker::new(shared, seg, slot);
     if worker.shared.cfg.autotune || worker.shared.cfg.metrics {
         // CPU vs blocked time per task: the tuner's input, and the reports'
         // `cpu_fraction` (two reads of the thread's schedstat per task).
@@ -2004,7 +2191,12 @@ impl Pipeline {
         state: &crate::state::PipelineState,
     ) -> Result<EpochIter<'_>, crate::state::ResumeError> {
         state.check_against(&self.state_at(state.epoch, (0, 0)))?;
-        Ok(self.epoch_at(state.epoch, state.position))
+        if !state.carry.is_empty() && matches!(self.shared.source, ErasedSource::Map { .. }) {
+            return Err(crate::state::ResumeError::Parse(
+                "field `carry` is for iterable sources; this one is map-style".into(),
+            ));
+        }
+        Ok(self.epoch_at(state.epoch, state.position, &state.carry))
     }
 
     /// The state at the start of `epoch` (what a run that stops before
@@ -2028,6 +2220,7 @@ impl Pipeline {
             dataset_shards,
             rank: self.shared.cfg.shard.rank,
             world_size: self.shared.cfg.shard.world_size,
+            carry: Vec::new(),
         }
     }
 
@@ -2040,10 +2233,14 @@ impl Pipeline {
     /// Runs epoch `epoch`: an iterator over its batches. Dropping the
     /// iterator abandons the epoch; the next one starts clean.
     pub fn epoch(&self, epoch: u64) -> EpochIter<'_> {
-        self.epoch_at(epoch, (0, 0))
+        self.epoch_at(epoch, (0, 0), &[])
     }
 
-    fn epoch_at(&self, epoch: u64, begin: (u64, u64)) -> EpochIter<'_> {
+    /// Runs `epoch` from `begin`, with the short parts `carry` (`(group,
+    /// part, first row)`, see [`PipelineState::carry`]) read again first.
+    ///
+    /// [`PipelineState::carry`]: crate::state::PipelineState::carry
+    fn epoch_at(&self, epoch: u64, begin: (u64, u64), carry: &[(u64, u64, u64)]) -> EpochIter<'_> {
         let start = Instant::now();
         // The previous run must be idle before its workers take new jobs.
         let previous = self
@@ -2161,7 +2358,7 @@ impl Pipeline {
             Work::Map { plan, .. } => Some(plan.num_batches()),
             Work::Iter { .. } => None,
         };
-        EpochIter {
+        let mut it = EpochIter {
             pipeline: self,
             run: Some(run),
             rx: Some(final_rx),
@@ -2189,10 +2386,17 @@ impl Pipeline {
             batches_hint,
             epoch,
             position: begin,
+            position_carry: carry.to_vec(),
+            carry: Carry::default(),
+            local: Worker::new(Arc::clone(&self.shared), 0, self.shared.slots.len() - 1),
             recent_waits: VecDeque::new(),
             last_summary_line: Instant::now(),
             yielded: 0,
+        };
+        if let Err(e) = it.read_carry(carry) {
+            it.pending_err = Some(e);
         }
+        it
     }
 
     fn poison(&self, msg: String) {
@@ -2631,7 +2835,8 @@ pub struct EpochIter<'p> {
     pipeline: &'p Pipeline,
     run: Option<Arc<EpochRun>>,
     rx: Option<flume::Receiver<TaskOut>>,
-    ready: VecDeque<Batch>,
+    /// Batches to yield, each with the carry as it stands once it is yielded.
+    ready: VecDeque<(Batch, Vec<CarryId>)>,
     pending_err: Option<SampleError>,
     reorder: BTreeMap<Key, TaskOut>,
     next_key: Key,
@@ -2651,6 +2856,15 @@ pub struct EpochIter<'p> {
     /// Where the next batch starts: `(plan batch, 0)` or `(shard group position,
     /// part)`.
     position: (u64, u64),
+    /// With `position`: the short parts received but not yet delivered
+    /// (iterable sources; see [`PipelineState::carry`]).
+    ///
+    /// [`PipelineState::carry`]: crate::state::PipelineState::carry
+    position_carry: Vec<(u64, u64, u64)>,
+    /// Short parts waiting to fill a batch.
+    carry: Carry,
+    /// Runs the consumer's own work: merged batches' collate, re-read parts.
+    local: Worker,
     /// Recent per-batch waits, for the slow-batch warning.
     recent_waits: VecDeque<Duration>,
     last_summary_line: Instant,
@@ -2700,6 +2914,13 @@ impl<'p> EpochIter<'p> {
             batches_hint: None,
             epoch,
             position: (0, 0),
+            position_carry: Vec::new(),
+            carry: Carry::default(),
+            local: Worker::new(
+                Arc::clone(&pipeline.shared),
+                0,
+                pipeline.shared.slots.len() - 1,
+            ),
             recent_waits: VecDeque::new(),
             last_summary_line: Instant::now(),
             yielded: 0,
@@ -2750,7 +2971,9 @@ impl<'p> EpochIter<'p> {
         if self.finished && self.summary.completed {
             return self.pipeline.state_at(self.epoch + 1, (0, 0));
         }
-        self.pipeline.state_at(self.epoch, self.position)
+        let mut state = self.pipeline.state_at(self.epoch, self.position);
+        state.carry = self.position_carry.clone();
+        state
     }
 
     /// Number of batches the plan holds (map-style sources), before skips.
@@ -2866,11 +3089,78 @@ impl<'p> EpochIter<'p> {
         self.summary.retries += out.log.retries;
         self.summary.skipped.extend(out.log.skipped);
         for b in out.batches {
-            self.ready.push_back(b);
+            self.ready.push_back((b, self.carry.segments()));
         }
         if let Some(e) = out.log.fail {
             self.pending_err = Some(e);
         }
+        if let Some((table, lease)) = out.rest {
+            let bs = self.pipeline.shared.cfg.batch_size;
+            let key = out.key;
+            if let Err(e) = self
+                .carry
+                .push((key.major, key.minor, 0), table, Some(lease))
+            {
+                self.pending_err.get_or_insert(e);
+            }
+            while self.carry.table.len() >= bs {
+                let (front, lease) = self.carry.take_front(bs);
+                self.collate_merged(front, lease, key);
+            }
+        }
+    }
+
+    /// Collates merged short parts on this thread into batches that resume
+    /// after part `key` (and the carry as it now stands).
+    fn collate_merged(&mut self, table: Table, lease: Option<Lease>, key: Key) {
+        let shared = &self.pipeline.shared;
+        let msg = TaskMsg {
+            key,
+            next_major: key.major,
+            last: false,
+            table,
+            log: TaskLog::default(),
+            lease: lease.unwrap_or_else(|| shared.budget.lease(0)),
+        };
+        self.local.seg = shared.segments.len() - 1;
+        let out = self.local.collate(msg, self.epoch, false);
+        self.local.stats.flush(shared);
+        self.summary.retries += out.log.retries;
+        self.summary.skipped.extend(out.log.skipped);
+        for mut b in out.batches {
+            b.pos = (key.major, key.minor);
+            self.ready.push_back((b, self.carry.segments()));
+        }
+        if let Some(e) = out.log.fail {
+            self.pending_err.get_or_insert(e);
+        }
+    }
+
+    /// Reads the short parts a saved state holds back again (`(group,
+    /// part, first row)` each): the shards of the group opened as the
+    /// reader did, the parts before skipped, the part run through every
+    /// stage, its rows from `first row` on put back in the carry.
+    fn read_carry(&mut self, carry: &[(u64, u64, u64)]) -> Result<(), SampleError> {
+        let Some(run) = self.run.clone() else {
+            return Ok(());
+        };
+        for &(group, part, first) in carry {
+            let (mut table, mut lease) = self.local.read_part(&run, group, part)?;
+            let mut log = TaskLog::default();
+            for seg in 0..self.pipeline.shared.segments.len() {
+                self.local.seg = seg;
+                self.local
+                    .run_segment(&run, &mut table, &mut log, &mut lease);
+            }
+            self.local.stats.flush(&self.pipeline.shared);
+            if let Some(e) = log.fail {
+                return Err(e);
+            }
+            let _before = table.split_front(first as usize);
+            lease.resize(table.nbytes());
+            self.carry.push((group, part, first), table, Some(lease))?;
+        }
+        Ok(())
     }
 
     fn finish(&mut self, completed: bool) {
@@ -2909,7 +3199,7 @@ impl Iterator for EpochIter<'_> {
                 self.finish(false);
                 return None;
             }
-            if let Some(b) = self.ready.pop_front() {
+            if let Some((b, carry_after)) = self.ready.pop_front() {
                 if let Some(sink) = &self.pipeline.shared.trace {
                     let mut ev = vec![crate::trace::TraceEvent {
                         name: 0,
@@ -2926,6 +3216,7 @@ impl Iterator for EpochIter<'_> {
                 } else {
                     (b.pos.0, b.pos.1 + 1)
                 };
+                self.position_carry = carry_after;
                 self.summary.batches += 1;
                 self.summary.samples += b.len() as u64;
                 self.yielded += 1;
@@ -2939,6 +3230,19 @@ impl Iterator for EpochIter<'_> {
                 return None;
             }
             if self.low >= self.majors {
+                if !self.carry.table.is_empty() {
+                    // What is left of the short parts: the epoch's last batch
+                    // (dropped with `drop_last`).
+                    let rest = std::mem::take(&mut self.carry);
+                    if !self.pipeline.shared.cfg.drop_last {
+                        let end = Key {
+                            major: self.majors,
+                            minor: 0,
+                        };
+                        self.collate_merged(rest.table, rest.lease, end);
+                    }
+                    continue;
+                }
                 self.finish(true);
                 return None;
             }

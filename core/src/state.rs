@@ -51,6 +51,12 @@ pub struct PipelineState {
     pub rank: usize,
     /// The world size it was saved under.
     pub world_size: usize,
+    /// Iterable sources: parts short of a batch (a shard group's last) that
+    /// were received but not yet delivered, each `[group position, part,
+    /// first row]` — they fill the next batch together with the parts that
+    /// follow, so resuming reads them again first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carry: Vec<(u64, u64, u64)>,
 }
 
 /// Why a state cannot be used.

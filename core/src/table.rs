@@ -28,6 +28,10 @@ pub(crate) trait AnyColumn: Send + Sync {
     fn truncate(&mut self, n: usize);
     fn describe(&self, row: usize) -> String;
     fn clone_box(&self) -> Box<dyn AnyColumn>;
+    /// Moves `other`'s rows after these; `other` back if its type differs.
+    fn append_box(&mut self, other: Box<dyn AnyColumn>) -> Result<(), Box<dyn AnyColumn>>;
+    /// Splits off the rows from `at` on.
+    fn split_off_box(&mut self, at: usize) -> Box<dyn AnyColumn>;
 }
 
 impl<T: Component> AnyColumn for Vec<T> {
@@ -62,6 +66,18 @@ impl<T: Component> AnyColumn for Vec<T> {
     }
     fn clone_box(&self) -> Box<dyn AnyColumn> {
         Box::new(self.clone())
+    }
+    fn append_box(&mut self, other: Box<dyn AnyColumn>) -> Result<(), Box<dyn AnyColumn>> {
+        if other.as_any().downcast_ref::<Vec<T>>().is_none() {
+            return Err(other);
+        }
+        if let Ok(mut v) = other.into_any().downcast::<Vec<T>>() {
+            self.append(&mut v);
+        }
+        Ok(())
+    }
+    fn split_off_box(&mut self, at: usize) -> Box<dyn AnyColumn> {
+        Box::new(self.split_off(at.min(self.len())))
     }
 }
 
@@ -267,6 +283,65 @@ impl Table {
         self.batch_ends = new_ends;
     }
 
+    /// Moves the rows of `other` after these, as one batch with them. Both
+    /// must hold the same components (an empty table with no columns takes
+    /// `other`'s); otherwise nothing changes and the names of the two
+    /// column sets are returned.
+    pub(crate) fn append(&mut self, mut other: Table) -> Result<(), String> {
+        if self.columns.is_empty() && self.is_empty() {
+            let n = other.len();
+            other.batch_ends = if n == 0 { Vec::new() } else { vec![n] };
+            *self = other;
+            return Ok(());
+        }
+        let names = |t: &Table| {
+            t.columns
+                .iter()
+                .map(|c| c.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let same = self.columns.len() == other.columns.len()
+            && other.columns.iter().all(|c| self.find(c.id).is_some());
+        if !same {
+            return Err(format!("[{}] and [{}]", names(self), names(&other)));
+        }
+        for c in other.columns {
+            if let Some(i) = self.find(c.id) {
+                if let Err(back) = self.columns[i].data.append_box(c.data) {
+                    // Unreachable: the ids matched. Keep the rows aligned.
+                    drop(back);
+                }
+            }
+        }
+        self.indices.append(&mut other.indices);
+        let n = self.indices.len();
+        self.batch_ends = if n == 0 { Vec::new() } else { vec![n] };
+        Ok(())
+    }
+
+    /// Removes the first `n` rows (all, if fewer) and returns them as a
+    /// table of one batch; the rest stay, as one batch.
+    pub(crate) fn split_front(&mut self, n: usize) -> Table {
+        let n = n.min(self.len());
+        let mut front = Table::with_indices(Vec::new());
+        for c in &mut self.columns {
+            let back = c.data.split_off_box(n);
+            let head = std::mem::replace(&mut c.data, back);
+            front.columns.push(Column {
+                id: c.id,
+                name: c.name,
+                data: head,
+            });
+        }
+        let rest = self.indices.split_off(n);
+        front.indices = std::mem::replace(&mut self.indices, rest);
+        front.batch_ends = if n == 0 { Vec::new() } else { vec![n] };
+        let left = self.indices.len();
+        self.batch_ends = if left == 0 { Vec::new() } else { vec![left] };
+        front
+    }
+
     /// Keeps the first `n` rows; batches past them are dropped.
     pub(crate) fn truncate(&mut self, n: usize) {
         for c in &mut self.columns {
@@ -322,6 +397,32 @@ impl<'a> BatchRows<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn append_and_split_front_move_whole_rows() {
+        let mut a = Table::with_indices(vec![1, 2]);
+        a.insert_column(vec![10i64, 20]);
+        a.insert_column(vec!["a".to_string(), "b".to_string()]);
+        let mut b = Table::with_indices(vec![3]);
+        b.insert_column(vec!["c".to_string()]);
+        b.insert_column(vec![30i64]);
+        a.append(b).unwrap();
+        assert_eq!(a.indices(), &[1, 2, 3]);
+        assert_eq!(a.column::<i64>().unwrap(), &[10, 20, 30]);
+        assert_eq!(a.batches().collect::<Vec<_>>(), vec![0..3]);
+        let front = a.split_front(2);
+        assert_eq!(front.indices(), &[1, 2]);
+        assert_eq!(front.column::<String>().unwrap(), &["a", "b"]);
+        assert_eq!(a.indices(), &[3]);
+        assert_eq!(a.column::<i64>().unwrap(), &[30]);
+        let mut empty = Table::new();
+        empty.append(front).unwrap();
+        assert_eq!(empty.len(), 2);
+        let mut other = Table::with_indices(vec![9]);
+        other.insert_column(vec![1u8]);
+        assert!(empty.append(other).is_err(), "different components");
+        assert_eq!(empty.len(), 2, "unchanged");
+    }
 
     #[test]
     fn retain_and_truncate_keep_batches_aligned() {

@@ -536,7 +536,8 @@ impl IterableSource for Ranges {
 }
 
 #[test]
-fn iterable_sources_read_each_element_once_in_shard_order() {
+fn iterable_sources_read_each_element_once_into_full_batches() {
+    let mut first: Option<Vec<Vec<i64>>> = None;
     for workers in [1, 3, 8] {
         let p = Pipeline::builder_iterable(Ranges {
             shards: 7,
@@ -552,8 +553,23 @@ fn iterable_sources_read_each_element_once_in_shard_order() {
         .collate(StackCollate::new().column::<Val>("v"))
         .build()
         .unwrap();
-        let got = collect_all(&p, 0);
-        assert_eq!(got, (0..7 * 23).collect::<Vec<_>>(), "workers {workers}");
+        let got: Vec<Vec<i64>> = p.epoch(0).map(|b| col(&b.unwrap())).collect();
+        // Each shard ends in a part of 3: those fill batches together
+        // instead of ending one each.
+        let sizes: Vec<usize> = got.iter().map(Vec::len).collect();
+        assert!(
+            sizes[..sizes.len() - 1].iter().all(|&n| n == 5),
+            "{sizes:?}"
+        );
+        assert_eq!(sizes.len(), (7 * 23usize).div_ceil(5));
+        let mut all = got.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..7 * 23).collect::<Vec<_>>(), "workers {workers}");
+        // The same batches whatever the worker count.
+        match &first {
+            None => first = Some(got),
+            Some(f) => assert_eq!(&got, f, "workers {workers}"),
+        }
     }
 }
 
@@ -709,9 +725,10 @@ fn interleaved_shards_fill_batches_across_shards() {
     };
     let p = build(2, None, ErrorPolicy::Fail);
     let got = batches(&p);
-    // Groups of 4, 4 and 2 shards: 12, 12 and 6 items → batches 8+4, 8+4, 6.
+    // Groups of 4, 4 and 2 shards: 12, 12 and 6 items → parts 8+4, 8+4, 6;
+    // the short last parts fill batches together: 8, 8, 4+4, 6.
     let sizes: Vec<usize> = got.iter().map(Vec::len).collect();
-    assert_eq!(sizes, [8, 4, 8, 4, 6]);
+    assert_eq!(sizes, [8, 8, 8, 6]);
     let shards_in_first: std::collections::HashSet<i64> = got[0].iter().map(|v| v / 3).collect();
     assert!(
         shards_in_first.len() >= 3,
@@ -728,26 +745,22 @@ fn interleaved_shards_fill_batches_across_shards() {
             "workers {workers}"
         );
     }
-    // Stopped after three batches and resumed: the rest, exactly.
-    let mut it = p.epoch(0);
-    for _ in 0..3 {
-        it.next().unwrap().unwrap();
+    // Stopped after every number of batches and resumed: the rest, exactly
+    // (also with a short part held back to fill the next batch).
+    for k in 0..=got.len() {
+        let mut it = p.epoch(0);
+        for _ in 0..k {
+            it.next().unwrap().unwrap();
+        }
+        let state = it.state();
+        drop(it);
+        let rest: Vec<Vec<i64>> = p
+            .resume(&state)
+            .unwrap()
+            .map(|b| col(&b.unwrap()))
+            .collect();
+        assert_eq!(rest, got[k..], "resumed after {k} batches");
     }
-    let state = it.state();
-    drop(it);
-    let rest: Vec<Vec<i64>> = p
-        .resume(&state)
-        .unwrap()
-        .map(|b| {
-            b.unwrap()
-                .get("v")
-                .unwrap()
-                .as_slice::<i64>()
-                .unwrap()
-                .to_vec()
-        })
-        .collect();
-    assert_eq!(rest, got[3..]);
     // A shard that cannot be opened is skipped and named; its group goes on.
     let p = build(2, Some(2), ErrorPolicy::Skip);
     let n: usize = batches(&p).iter().map(Vec::len).sum();

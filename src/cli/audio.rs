@@ -12,8 +12,8 @@ use ferrofeed_audio::{
     synth, AudioFiles, DecodeOptions, FeatureCollate, FeatureConfig, FeatureKind, FeatureStage,
     NonFinite, StreamOptions,
 };
-use ferrofeed_core::source::stream_index;
-use ferrofeed_core::{Parallelism, Pipeline, StageOptions};
+use ferrofeed_core::source::STREAM_POSITION_BITS;
+use ferrofeed_core::{Batch, Parallelism, Pipeline, StageOptions};
 use serde_json::json;
 
 use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
@@ -204,14 +204,28 @@ fn stage(o: &AudioOpts) -> Result<FeatureStage, CliError> {
     FeatureStage::new(cfg, kind(o.features)).map_err(|e| CliError::Usage(e.to_string()))
 }
 
-fn index_entries(files: &[PathBuf]) -> Vec<IndexEntry> {
-    files
+/// `index.json` entries of a delivered batch: one per chunk, with its
+/// file's path and its first sample there.
+fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
+    let starts = batch
+        .get("chunk_starts")
+        .and_then(|t| t.as_slice::<i64>().ok())
+        .unwrap_or(&[]);
+    batch
+        .indices()
         .iter()
         .enumerate()
-        .map(|(i, p)| IndexEntry {
-            index: stream_index(i, 0),
-            path: p.display().to_string(),
-            label: None,
+        .map(|(row, &index)| {
+            let file = (index >> STREAM_POSITION_BITS) as usize;
+            IndexEntry {
+                index,
+                path: files
+                    .get(file)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                label: None,
+                chunk_start: starts.get(row).copied(),
+            }
         })
         .collect()
 }
@@ -249,7 +263,8 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
         b = b.shuffle_buffer(items);
     }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
-    let index = || Ok(index_entries(&paths));
+    let index = || Ok(Vec::new());
+    let of_batch = |b: &Batch| chunk_entries(&paths, b);
     let rate = f64::from(a.audio.sample_rate);
     let extra = |seconds: f64| {
         let audio_s = read.load(Ordering::Relaxed) as f64 / rate;
@@ -264,6 +279,7 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
     };
     let mut spec = RunSpec::new("audio", &pipeline, c, &index, &resources);
     spec.extra = &extra;
+    spec.index_of_batch = Some(&of_batch);
     run_epochs(spec)
 }
 

@@ -102,6 +102,13 @@ impl Drop for Signals {
     }
 }
 
+/// Writes `DIR/index.json`.
+fn write_index(dir: &Path, entries: &[IndexEntry]) -> Result<(), CliError> {
+    let path = dir.join("index.json");
+    let json = serde_json::to_vec_pretty(entries).map_err(|e| CliError::Usage(e.to_string()))?;
+    std::fs::write(&path, json).map_err(CliError::io(&path))
+}
+
 /// What one sample of a domain is, for rates.
 fn sample_unit(domain: &str) -> &'static str {
     match domain {
@@ -159,7 +166,13 @@ pub struct IndexEntry {
     pub path: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label: Option<i64>,
+    /// Audio: the chunk's first sample in its file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chunk_start: Option<i64>,
 }
+
+/// The `index.json` entries of one delivered batch.
+pub type BatchIndexFn<'a> = dyn Fn(&ferrofeed_core::Batch) -> Vec<IndexEntry> + 'a;
 
 /// What to run and how.
 pub struct RunSpec<'a> {
@@ -168,6 +181,10 @@ pub struct RunSpec<'a> {
     pub common: &'a CommonArgs,
     /// The dataset's samples in index order, for `--dump`.
     pub index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
+    /// For datasets whose samples are known only as they are made (audio
+    /// chunks): the entries of one delivered batch. `--dump`'s `index.json`
+    /// then lists every delivered sample, written at the end of the run.
+    pub index_of_batch: Option<&'a BatchIndexFn<'a>>,
     pub resources: &'a ferrofeed_core::resources::Resources,
     /// Called after each epoch (text prints its padding waste).
     pub epoch_end: &'a dyn Fn(u64),
@@ -189,6 +206,7 @@ impl<'a> RunSpec<'a> {
             pipeline,
             common,
             index,
+            index_of_batch: None,
             resources,
             epoch_end: &|_| {},
             extra: &|_| BTreeMap::new(),
@@ -202,12 +220,12 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
     let p = spec.pipeline;
     if let Some(dir) = &c.dump {
         std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
-        let entries = (spec.index)()?;
-        let path = dir.join("index.json");
-        let json =
-            serde_json::to_vec_pretty(&entries).map_err(|e| CliError::Usage(e.to_string()))?;
-        std::fs::write(&path, json).map_err(CliError::io(&path))?;
+        if spec.index_of_batch.is_none() {
+            write_index(dir, &(spec.index)()?)?;
+        }
     }
+    // Delivered samples by index, when the index is made from the batches.
+    let mut delivered: BTreeMap<u64, IndexEntry> = BTreeMap::new();
     let per_epoch = p.epoch_hint(0);
     let mut total = per_epoch.map(|n| n as u64 * c.epochs);
     if let (Some(t), Some(l)) = (total, c.limit_batches) {
@@ -281,6 +299,9 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
                 let path = dir.join(format!("indices_{batches:06}.npy"));
                 let t = ferrofeed_core::Tensor::from_slice(&idx, &[idx.len()]);
                 std::fs::write(&path, t.to_npy()).map_err(CliError::io(&path))?;
+                if let Some(of_batch) = spec.index_of_batch {
+                    delivered.extend(of_batch(&batch).into_iter().map(|e| (e.index, e)));
+                }
             }
             batches += 1;
             if let Some(pb) = &bar {
@@ -316,6 +337,9 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
     let interrupted = signals.received();
     drop(signals);
     let seconds = start.elapsed().as_secs_f64();
+    if let (Some(dir), Some(_)) = (&c.dump, spec.index_of_batch) {
+        write_index(dir, &delivered.into_values().collect::<Vec<_>>())?;
+    }
     if let Some(path) = &c.save_state {
         std::fs::write(path, last_state.to_json()).map_err(CliError::io(path))?;
     }

@@ -208,6 +208,7 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
                 index: i,
                 path: corpus.key(i).unwrap_or_default(),
                 label: None,
+                chunk_start: None,
             })
             .collect())
     };

@@ -271,6 +271,7 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
                 index: i as u64,
                 path: p.display().to_string(),
                 label: Some(*l),
+                chunk_start: None,
             })
             .collect(),
         Dataset::Shards(t) => (0..t.len())
@@ -278,6 +279,7 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
                 index: i,
                 path: t.key(i).unwrap_or_default(),
                 label: t.get(i).ok().map(|(_, l)| l.0),
+                chunk_start: None,
             })
             .collect(),
     })
