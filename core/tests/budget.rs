@@ -19,23 +19,9 @@ impl Component for Small {
     }
 }
 
+mod common;
 /// What a stage makes of it: `n` bytes (decoded pixels).
-#[derive(Clone)]
-struct Blob(Vec<u8>);
-impl Component for Blob {
-    fn nbytes(&self) -> usize {
-        self.0.len()
-    }
-}
-impl Collatable for Blob {
-    type Elem = u8;
-    fn shape(&self) -> Vec<usize> {
-        vec![self.0.len()]
-    }
-    fn write(&self, out: &mut [u8]) {
-        out.copy_from_slice(&self.0);
-    }
-}
+use common::Blob;
 
 struct Shards {
     shards: usize,

@@ -28,23 +28,8 @@ impl Collatable for Val {
     }
 }
 
-/// A component with a real payload, for budget tests.
-#[derive(Clone)]
-struct Blob(Vec<u8>);
-impl Component for Blob {
-    fn nbytes(&self) -> usize {
-        self.0.len()
-    }
-}
-impl Collatable for Blob {
-    type Elem = u8;
-    fn shape(&self) -> Vec<usize> {
-        vec![self.0.len()]
-    }
-    fn write(&self, out: &mut [u8]) {
-        out.copy_from_slice(&self.0);
-    }
-}
+mod common;
+use common::Blob;
 
 fn vals(n: u64) -> FnSource<impl Fn(u64) -> Result<Val, BoxError> + Send + Sync> {
     FnSource::new(n, |i| Ok(Val(i as i64)))

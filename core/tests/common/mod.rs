@@ -1,4 +1,25 @@
 //! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use ferrofeed_core::{Collatable, Component};
+
+/// A component with a real payload, for budget tests.
+#[derive(Clone)]
+pub struct Blob(pub Vec<u8>);
+impl Component for Blob {
+    fn nbytes(&self) -> usize {
+        self.0.len()
+    }
+}
+impl Collatable for Blob {
+    type Elem = u8;
+    fn shape(&self) -> Vec<usize> {
+        vec![self.0.len()]
+    }
+    fn write(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.0);
+    }
+}
 
 /// Threads of this process started by ferrofeed (named `ff-…`).
 pub fn ff_threads() -> usize {

@@ -136,28 +136,36 @@ fn exif_orientation_is_applied() {
     assert_eq!((raw.width, raw.height), (80, 120));
 }
 
+/// Decodes `name.jpg` with eval (Resize 256, CenterCrop 224) on both
+/// backends, fused and unfused, and compares each with torchvision's
+/// `name.npy`.
+fn assert_eval_matches(name: &str, min_db: f64) {
+    let bytes = std::fs::read(data(&format!("{name}.jpg"))).unwrap();
+    let want = reference(name);
+    for backend in [Backend::Auto, Backend::Zune] {
+        let stage = DecodeTransform {
+            transform: Transform::eval(256, 224),
+            decode: DecodeOptions {
+                backend,
+                ..Default::default()
+            },
+            cache: None,
+            seek: None,
+        };
+        let mut rng = sample_rng(0);
+        let fused = stage.run(&bytes, &mut rng).unwrap();
+        let unfused = stage.run_unfused(&bytes, &mut rng).unwrap();
+        let (pf, pu) = (psnr(&fused, &want), psnr(&unfused, &want));
+        eprintln!("{name} {backend:?}: fused {pf:.1} dB, unfused {pu:.1} dB");
+        assert!(pf >= min_db, "{name} {backend:?}: fused PSNR {pf:.1} dB");
+        assert!(pu >= min_db, "{name} {backend:?}: unfused PSNR {pu:.1} dB");
+    }
+}
+
 #[test]
 fn eval_matches_torchvision_resize_and_center_crop() {
     for name in ["eval_landscape", "eval_portrait"] {
-        let bytes = std::fs::read(data(&format!("{name}.jpg"))).unwrap();
-        let want = reference(name);
-        for backend in [Backend::Auto, Backend::Zune] {
-            let stage = DecodeTransform {
-                transform: Transform::eval(256, 224),
-                decode: DecodeOptions {
-                    backend,
-                    ..Default::default()
-                },
-                cache: None,
-                seek: None,
-            };
-            let mut rng = sample_rng(0);
-            let fused = stage.run(&bytes, &mut rng).unwrap();
-            let unfused = stage.run_unfused(&bytes, &mut rng).unwrap();
-            let (pf, pu) = (psnr(&fused, &want), psnr(&unfused, &want));
-            assert!(pf >= 35.0, "{name} {backend:?}: fused PSNR {pf:.1} dB");
-            assert!(pu >= 35.0, "{name} {backend:?}: unfused PSNR {pu:.1} dB");
-        }
+        assert_eval_matches(name, 45.0);
     }
 }
 
@@ -167,27 +175,7 @@ fn eval_matches_torchvision_resize_and_center_crop() {
 #[test]
 fn eval_matches_torchvision_where_the_crop_margin_is_odd() {
     for (w, h) in [(500, 375), (375, 500), (640, 480), (1000, 750)] {
-        let name = format!("eval_odd_{w}x{h}");
-        let bytes = std::fs::read(data(&format!("{name}.jpg"))).unwrap();
-        let want = reference(&name);
-        for backend in [Backend::Auto, Backend::Zune] {
-            let stage = DecodeTransform {
-                transform: Transform::eval(256, 224),
-                decode: DecodeOptions {
-                    backend,
-                    ..Default::default()
-                },
-                cache: None,
-                seek: None,
-            };
-            let mut rng = sample_rng(0);
-            let fused = stage.run(&bytes, &mut rng).unwrap();
-            let unfused = stage.run_unfused(&bytes, &mut rng).unwrap();
-            let (pf, pu) = (psnr(&fused, &want), psnr(&unfused, &want));
-            eprintln!("{name} {backend:?}: fused {pf:.1} dB, unfused {pu:.1} dB");
-            assert!(pf >= 45.0, "{name} {backend:?}: fused PSNR {pf:.1} dB");
-            assert!(pu >= 45.0, "{name} {backend:?}: unfused PSNR {pu:.1} dB");
-        }
+        assert_eval_matches(&format!("eval_odd_{w}x{h}"), 45.0);
     }
 }
 
