@@ -22,8 +22,9 @@ use std::time::Duration;
 use crate::budget::ByteBudget;
 use crate::collate::{BatchStage, Collate};
 use crate::component::{ComponentId, ComponentSet};
+use crate::engine::{Config, ErasedSource, Shared, StageNode};
 use crate::error::{BoxError, BuildError, ErrorPolicy};
-use crate::pipeline::{ErasedSource, Pipeline, Shared, StageNode};
+use crate::pipeline::Pipeline;
 use crate::sampler::{BatchSampler, FixedBatches, Order, Shard};
 use crate::source::{IterableSource, Source};
 use crate::stage::{erase, FnStage, Parallelism, Stage, StageCtx};
@@ -401,7 +402,7 @@ impl PipelineBuilder {
             self.stages,
             collate,
             sampler,
-            crate::pipeline::Config {
+            Config {
                 batch_stages: self.batch_stages,
                 shard: self.shard,
                 shuffle_buffer: self.shuffle_buffer,

@@ -39,6 +39,7 @@ pub mod budget;
 pub mod builder;
 pub mod collate;
 pub mod component;
+mod engine;
 pub mod error;
 pub mod metrics;
 pub mod pipeline;

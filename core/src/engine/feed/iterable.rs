@@ -1,0 +1,566 @@
+//! The iterable feed: workers claim shard groups (`interleave` shards read
+//! together, item by item, through a seeded shuffle buffer) and read them
+//! part by part; a worker with no group left takes parts from the readers,
+//! and a group's short last part is held back for the consumer to merge.
+//!
+//! ```text
+//! group t: shards order[t·g..] ─▶ part 0, part 1, … (≤ batch_size each; the last may be short → rest)
+//! ```
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::budget::Lease;
+use crate::component::ComponentSet;
+use crate::error::{BoxError, SampleError};
+use crate::source::stream_index;
+use crate::table::Table;
+
+use crate::engine::*;
+
+/// Reads a shard of an iterable source a part (at most one batch) at a time.
+pub(crate) trait ShardReader: Send + 'static {
+    /// Up to `max` items as a table, the items that failed, and whether the
+    /// shard is exhausted.
+    fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool);
+    /// Takes over the streams of `other` (a reader of the same source,
+    /// from [`into_any`](Self::into_any)), to read them interleaved.
+    fn merge(&mut self, other: Box<dyn std::any::Any + Send>);
+    /// This reader, type-erased, for [`merge`](Self::merge).
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
+
+/// One open shard of a [`StreamReader`].
+pub(crate) struct Stream<O> {
+    pub(crate) it: crate::source::ShardIter<O>,
+    pub(crate) shard: usize,
+    pub(crate) pos: u64,
+    pub(crate) exhausted: bool,
+}
+
+/// Reads one shard, or several interleaved item by item (round robin), so
+/// that a part holds items of every shard of its group.
+pub(crate) struct StreamReader<O> {
+    pub(crate) streams: Vec<Stream<O>>,
+    /// The stream the next item is read from.
+    pub(crate) turn: usize,
+    /// Bounded shuffle buffer: items wait here and leave in a random order
+    /// drawn from `(seed, epoch, first shard)`, whichever worker reads them.
+    pub(crate) buffer: Vec<(u64, O)>,
+    pub(crate) capacity: usize,
+    pub(crate) rng: crate::rng::SampleRng,
+    pub(crate) exhausted: bool,
+}
+
+impl<O> StreamReader<O> {
+    /// The next item of the next live stream (`None` once all are done).
+    pub(crate) fn pull(&mut self) -> Option<(u64, Result<O, BoxError>)> {
+        let n = self.streams.len();
+        for _ in 0..n {
+            let k = self.turn % n;
+            self.turn = (k + 1) % n;
+            let s = &mut self.streams[k];
+            if s.exhausted {
+                continue;
+            }
+            let i = stream_index(s.shard, s.pos);
+            match s.it.next() {
+                None => s.exhausted = true,
+                Some(r) => {
+                    s.pos += 1;
+                    return Some((i, r));
+                }
+            }
+        }
+        None
+    }
+}
+
+impl<O: ComponentSet> ShardReader for StreamReader<O> {
+    fn merge(&mut self, other: Box<dyn std::any::Any + Send>) {
+        if let Ok(o) = other.downcast::<StreamReader<O>>() {
+            self.streams.extend(o.streams);
+        }
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+    fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool) {
+        use rand::Rng;
+        let mut idx = Vec::with_capacity(max);
+        let mut vals = Vec::with_capacity(max);
+        let mut errs = Vec::new();
+        while idx.len() < max {
+            // Fill the buffer (errors pass straight through).
+            while !self.exhausted && self.buffer.len() < self.capacity.max(1) {
+                match self.pull() {
+                    None => self.exhausted = true,
+                    Some((i, Ok(o))) => self.buffer.push((i, o)),
+                    Some((i, Err(e))) => errs.push((i, e)),
+                }
+            }
+            if self.buffer.is_empty() {
+                break;
+            }
+            let k = if self.capacity > 1 {
+                self.rng.random_range(0..self.buffer.len())
+            } else {
+                0
+            };
+            let (i, o) = self.buffer.swap_remove(k);
+            idx.push(i);
+            vals.push(o);
+        }
+        let done = self.exhausted && self.buffer.is_empty();
+        let mut t = Table::with_indices(idx);
+        O::put_rows(vals, &mut t);
+        (t, errs, done)
+    }
+}
+
+/// A part read from shard group `major`, to be run through the first
+/// segment by another worker.
+pub(crate) struct Handoff {
+    pub(crate) major: u64,
+    pub(crate) part: u64,
+    pub(crate) table: Table,
+    pub(crate) log: TaskLog,
+    /// The group's last part.
+    pub(crate) done: bool,
+    /// The part's bytes, counted in the byte budget from the hand-off on
+    /// (a part a reader runs itself is counted once it is forwarded).
+    pub(crate) lease: Lease,
+}
+
+/// A short part held back: `(shard group position, part, first row held)`.
+pub(crate) type CarryId = (u64, u64, u64);
+
+/// Short parts of an iterable source waiting to fill a batch, in the order
+/// the consumer received them.
+#[derive(Default)]
+pub(crate) struct Carry {
+    pub(crate) table: Table,
+    pub(crate) lease: Option<Lease>,
+    /// Each part held: `(group, part, first row held)` and its rows held.
+    pub(crate) segs: Vec<((u64, u64, u64), usize)>,
+}
+
+impl Carry {
+    /// The parts held, as a saved state names them.
+    pub(crate) fn segments(&self) -> Vec<(u64, u64, u64)> {
+        self.segs.iter().map(|s| s.0).collect()
+    }
+
+    pub(crate) fn push(
+        &mut self,
+        id: (u64, u64, u64),
+        table: Table,
+        lease: Option<Lease>,
+    ) -> Result<(), SampleError> {
+        let n = table.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.table.append(table).map_err(|cols| {
+            pipeline_error(format!(
+                "parts of one epoch hold different components: {cols}"
+            ))
+        })?;
+        self.segs.push((id, n));
+        match (&mut self.lease, lease) {
+            (Some(held), Some(more)) => held.absorb(more),
+            (None, more) => self.lease = more,
+            (Some(_), None) => {}
+        }
+        Ok(())
+    }
+
+    /// The first `n` rows held, and their share of the lease.
+    pub(crate) fn take_front(&mut self, n: usize) -> (Table, Option<Lease>) {
+        let front = self.table.split_front(n);
+        let mut left = front.len();
+        while left > 0 && !self.segs.is_empty() {
+            let seg = &mut self.segs[0];
+            if seg.1 <= left {
+                left -= seg.1;
+                self.segs.remove(0);
+            } else {
+                seg.0 .2 += left as u64;
+                seg.1 -= left;
+                left = 0;
+            }
+        }
+        let lease = self.lease.as_mut().map(|l| l.split(front.nbytes()));
+        (front, lease)
+    }
+}
+
+/// The seed of a shard group's shuffle buffer: drawn from its first shard.
+pub(crate) fn group_seed(seed: u64, epoch: u64, first_shard: usize) -> u64 {
+    crate::rng::derive_seed(&[seed, epoch, first_shard as u64, 0x5342_5546])
+}
+
+/// Counts a worker out of [`EpochRun::readers`] when it stops reading,
+/// also by a panic.
+pub(crate) struct ReaderGuard<'a>(pub(crate) &'a AtomicUsize);
+
+impl Drop for ReaderGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Worker {
+    /// Reads shard groups (each claimed by one worker, its shards opened and
+    /// read part by part in order) and runs the first segment over the parts.
+    /// A reader hands a part to a worker that has no group left, when one is
+    /// waiting, instead of running the segment itself — so a single long
+    /// shard, or the last groups of an epoch, still keep every worker busy.
+    /// Parts keep their keys, so the consumer's order is unchanged. (Not
+    /// with autotune, whose pool sizes follow each worker's own costs.)
+    pub(crate) fn run_iter_source(
+        &mut self,
+        job: &Job,
+        order: &[usize],
+        group: usize,
+        skip_parts: u64,
+    ) {
+        {
+            let _reading = ReaderGuard(&job.run.readers);
+            self.read_groups(job, order, group, skip_parts);
+        }
+        if !self.shared.segments[0].tuned {
+            self.help_readers(job, order.len().div_ceil(group.max(1)) as u64);
+        }
+    }
+
+    /// Runs handed-off parts until no worker is reading any more (or the
+    /// consumer has every one of the epoch's `groups`).
+    pub(crate) fn help_readers(&mut self, job: &Job, groups: u64) {
+        let run = &job.run;
+        let rx = &run.handoff.1;
+        loop {
+            if run.cancelled() || run.consumer_next.load(Ordering::Acquire) >= groups {
+                return;
+            }
+            run.idle_helpers.fetch_add(1, Ordering::AcqRel);
+            let got = rx.recv_timeout(Duration::from_millis(2));
+            run.idle_helpers.fetch_sub(1, Ordering::AcqRel);
+            match got {
+                Ok(h) => {
+                    self.meter_begin();
+                    if self.finish_part(job, h).is_none() {
+                        return;
+                    }
+                }
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    if run.readers.load(Ordering::Acquire) == 0 && rx.is_empty() {
+                        return;
+                    }
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Runs the first segment over a part and forwards it: `None` when the
+    /// receiver is gone, else whether the part ended its group.
+    pub(crate) fn finish_part(&mut self, job: &Job, h: Handoff) -> Option<bool> {
+        let Handoff {
+            major,
+            part,
+            mut table,
+            mut log,
+            done,
+            mut lease,
+        } = h;
+        self.run_segment(&job.run, &mut table, &mut log, &mut lease);
+        let last = done || log.fail.is_some();
+        // A short part is merged with others by the consumer; `drop_last`
+        // drops only what is left at the epoch's end.
+        let msg = TaskMsg {
+            key: Key { major, minor: part },
+            next_major: if last { major + 1 } else { major },
+            last,
+            table,
+            log,
+            lease,
+        };
+        self.forward(job, msg).then_some(last)
+    }
+
+    /// Reads part `part` of shard group `t` again (a saved state holds it
+    /// back): the group's shards opened as [`read_groups`](Self::read_groups)
+    /// opens them, under the same policy, and the parts before it read and
+    /// dropped.
+    pub(crate) fn read_part(
+        &mut self,
+        run: &EpochRun,
+        t: u64,
+        part: u64,
+    ) -> Result<(Table, Lease), SampleError> {
+        let shared = Arc::clone(&self.shared);
+        let (
+            ErasedSource::Iter { key, open, .. },
+            Work::Iter {
+                order, interleave, ..
+            },
+        ) = (&shared.source, &run.work)
+        else {
+            return Err(pipeline_error(
+                "only iterable sources hold parts back".into(),
+            ));
+        };
+        let g = (*interleave).max(1);
+        let lo = usize::try_from(t).unwrap_or(usize::MAX).saturating_mul(g);
+        if lo >= order.len() {
+            return Err(pipeline_error(format!(
+                "the saved state holds back a part of shard group {t}, but this epoch has {} groups",
+                order.len().div_ceil(g)
+            )));
+        }
+        let shards = &order[lo..(lo + g).min(order.len())];
+        let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
+        let policy = shared.cfg.policy;
+        let mut reader: Option<Box<dyn ShardReader>> = None;
+        for &shard in shards {
+            let mut attempt = 0;
+            let opened = loop {
+                match open(shard, shared.cfg.shuffle_buffer, seed) {
+                    Ok(r) => break Some(r),
+                    Err(_) if attempt < policy.attempts() => {
+                        attempt += 1;
+                        std::thread::sleep(policy.backoff(attempt));
+                    }
+                    // Skipped in the run that saved the state, too.
+                    Err(_) if policy.skips() => break None,
+                    Err(e) => {
+                        return Err(SampleError::from_box(
+                            Some(stream_index(shard, 0)),
+                            Some(key(shard)),
+                            "source",
+                            &e,
+                        ))
+                    }
+                }
+            };
+            if let Some(r) = opened {
+                match &mut reader {
+                    Some(base) => base.merge(r.into_any()),
+                    None => reader = Some(r),
+                }
+            }
+        }
+        let bs = shared.cfg.batch_size;
+        let Some(mut reader) = reader else {
+            return Ok((Table::new(), shared.budget.lease(0)));
+        };
+        for _ in 0..part {
+            let (_, _, done) = reader.next_part(bs);
+            if done {
+                return Err(pipeline_error(format!(
+                    "the saved state holds back part {part} of shard group {t}, which has fewer parts"
+                )));
+            }
+        }
+        let (table, errs, _) = reader.next_part(bs);
+        if !policy.skips() {
+            if let Some((idx, e)) = errs.into_iter().next() {
+                return Err(SampleError::from_box(
+                    Some(idx),
+                    shared.source.key_of(idx),
+                    "source",
+                    &e,
+                ));
+            }
+        }
+        let lease = shared.budget.lease(table.nbytes());
+        Ok((table, lease))
+    }
+
+    pub(crate) fn read_groups(
+        &mut self,
+        job: &Job,
+        order: &[usize],
+        group: usize,
+        skip_parts: u64,
+    ) {
+        let first = job.run.start.0;
+        let run = &job.run;
+        let shared = Arc::clone(&self.shared);
+        let ErasedSource::Iter { key, open, .. } = &shared.source else {
+            return;
+        };
+        let bs = shared.cfg.batch_size;
+        let policy = shared.cfg.policy;
+        let tuned = shared.segments[0].tuned;
+        let g = group.max(1);
+        let groups = order.len().div_ceil(g) as u64;
+        loop {
+            if run.cancelled() {
+                return;
+            }
+            if tuned && !self.wait_active(run, || run.next_claim.load(Ordering::Acquire) >= groups)
+            {
+                return;
+            }
+            let t = run.next_claim.fetch_add(1, Ordering::AcqRel);
+            if t >= groups {
+                return;
+            }
+            // The lease of the group's first part.
+            let first_part = if t == first { skip_parts } else { 0 };
+            let Some(lease) = self.admit(run, (t, first_part), Some(shared.window), bs) else {
+                return;
+            };
+            let mut first_lease = Some(lease);
+            self.meter_begin();
+            let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
+            let mut log = TaskLog::default();
+            let mut reader: Option<Box<dyn ShardReader>> = None;
+            let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
+            for &shard in shards {
+                for attempt in 0..=policy.attempts() {
+                    match open(shard, shared.cfg.shuffle_buffer, seed) {
+                        Ok(r) => {
+                            match &mut reader {
+                                Some(base) => base.merge(r.into_any()),
+                                None => reader = Some(r),
+                            }
+                            break;
+                        }
+                        Err(e) => {
+                            self.stats.errors[0] += 1;
+                            if attempt < policy.attempts() {
+                                log.retries += 1;
+                                self.stats.retries[0] += 1;
+                                std::thread::sleep(policy.backoff(attempt + 1));
+                                continue;
+                            }
+                            // A shard that cannot be opened is named by its
+                            // first item's index and its path.
+                            let mut err = SampleError::from_box(
+                                Some(stream_index(shard, 0)),
+                                Some(key(shard)),
+                                "source",
+                                &e,
+                            );
+                            err.attempts = attempt + 1;
+                            if policy.skips() {
+                                self.stats.skipped[0] += 1;
+                                log.skipped.push(err);
+                            } else {
+                                log.fail = Some(err);
+                            }
+                        }
+                    }
+                }
+                if log.fail.is_some() {
+                    break;
+                }
+            }
+            let Some(mut reader) = reader.filter(|_| log.fail.is_none()) else {
+                let msg = TaskMsg {
+                    key: Key { major: t, minor: 0 },
+                    next_major: t + 1,
+                    last: true,
+                    table: Table::new(),
+                    log,
+                    lease: first_lease.take().unwrap_or_else(|| shared.budget.lease(0)),
+                };
+                if !self.forward(job, msg) {
+                    return;
+                }
+                continue;
+            };
+            let mut part = 0u64;
+            if t == first {
+                // Resuming: re-read the parts already delivered, unsent.
+                while part < skip_parts {
+                    let (_, _, done) = reader.next_part(bs);
+                    part += 1;
+                    if done {
+                        break;
+                    }
+                }
+            }
+            loop {
+                if run.cancelled() {
+                    return;
+                }
+                let mut lease = match first_lease.take() {
+                    Some(lease) => lease,
+                    None => {
+                        let Some(lease) = self.admit(run, (t, part), None, bs) else {
+                            return;
+                        };
+                        self.meter_begin();
+                        lease
+                    }
+                };
+                let started = Instant::now();
+                let (mut table, errs, done) = reader.next_part(bs);
+                lease.grow_to(table.nbytes());
+                let dt = started.elapsed().as_nanos() as u64;
+                self.stats.timed_ns[0] += dt;
+                self.stats.timed_n[0] += table.len() as u64;
+                self.stats.samples[0] += table.len() as u64;
+                let mut failed = false;
+                for (idx, e) in errs {
+                    self.stats.errors[0] += 1;
+                    let err =
+                        SampleError::from_box(Some(idx), shared.source.key_of(idx), "source", &e);
+                    if policy.skips() {
+                        self.stats.skipped[0] += 1;
+                        log.skipped.push(err);
+                    } else {
+                        log.fail.get_or_insert(err);
+                        failed = true;
+                    }
+                }
+                if failed {
+                    table.truncate(0);
+                }
+                let mut h = Handoff {
+                    major: t,
+                    part,
+                    table,
+                    log: std::mem::take(&mut log),
+                    done,
+                    lease,
+                };
+                // A waiting worker takes the part (with its lease), if one
+                // is free and the byte budget has room for the part this
+                // worker reads next — also when that one is the consumer's
+                // and would be admitted anyway, so the consumer's group
+                // never has more than one part at work beyond the budget.
+                if !tuned
+                    && !failed
+                    && run.idle_helpers.load(Ordering::Acquire) > run.handoff.0.len()
+                    && shared
+                        .task_bytes(bs)
+                        .is_some_and(|part| shared.budget.fits(part.saturating_mul(2)))
+                {
+                    match run.handoff.0.try_send(h) {
+                        Ok(()) => {
+                            self.stats.flush(&self.shared);
+                            if done {
+                                break;
+                            }
+                            part += 1;
+                            continue;
+                        }
+                        Err(flume::TrySendError::Full(back))
+                        | Err(flume::TrySendError::Disconnected(back)) => h = back,
+                    }
+                }
+                match self.finish_part(job, h) {
+                    None => return,
+                    Some(true) => break,
+                    Some(false) => part += 1,
+                }
+            }
+        }
+    }
+}

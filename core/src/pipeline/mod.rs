@@ -1,0 +1,470 @@
+//! The running pipeline: persistent worker pools, bounded queues, ordering,
+//! the byte budget and the error policy at work.
+//!
+//! Stages with equal worker counts are fused into one *segment* (tf.data's
+//! map fusion); each segment has its own pool of threads that lives as long
+//! as the [`Pipeline`]. Work moves in *tasks* — runs of consecutive batches
+//! whose length each worker sizes from its measured cost (about 2 ms of work,
+//! at least `min_task_samples` samples), stored column-wise as a [`Table`] —
+//! so queue hops and wake-ups are paid per task, not per sample. Segments are linked by bounded `flume` queues; the consumer
+//! reorders tasks into sampler order (unless `unordered`).
+//! An iterable source's shard groups are each read by one worker, part by
+//! part; a worker with no group left takes parts from the readers (when the
+//! byte budget has room), so one long shard or an epoch's last groups still
+//! use every worker.
+//! With [`autotune`](crate::PipelineBuilder::autotune), `Auto` stages are
+//! not fused: each has a pool of up to `autotune_max_workers` threads, of
+//! which the tuner ([`crate::autotune`]) sets how many work; the others park.
+//!
+//! ```
+//! use ferrofeed_core::prelude::*;
+//! let p = Pipeline::builder(FnSource::new(1000, |i| Ok(i as i64)))
+//!     .map_with("slow", StageOptions::new().workers(Parallelism::Fixed(3)),
+//!         |x: i64, _: &StageCtx| Ok::<_, BoxError>(x + 1))
+//!     .batch_size(32)
+//!     .shuffle(true)
+//!     .seed(1)
+//!     .collate(StackCollate::new().column::<i64>("x"))
+//!     .build()
+//!     .unwrap();
+//! for epoch in 0..3 {
+//!     let n: usize = p.epoch(epoch).map(|b| b.unwrap().len()).sum();
+//!     assert_eq!(n, 1000);
+//! }
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::budget::ByteBudget;
+use crate::error::{BoxError, BuildError, SampleError};
+use crate::metrics::EpochSummary;
+use crate::sampler::{permutation, EpochPlan, PlanCtx, Shard};
+
+use crate::engine::*;
+
+mod inspect;
+mod iter;
+mod report;
+
+pub use inspect::{InspectReport, InspectStep};
+pub use iter::{EpochIter, SLOW_BATCH_FACTOR, SLOW_BATCH_FLOOR};
+
+/// A built pipeline: worker pools that live across epochs.
+pub struct Pipeline {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) ctrl: Vec<flume::Sender<Job>>,
+    pub(crate) handles: Vec<JoinHandle<()>>,
+    pub(crate) last_run: Mutex<Option<Arc<EpochRun>>>,
+    pub(crate) poisoned: Mutex<Option<String>>,
+    pub(crate) last_summary: Mutex<Option<EpochSummary>>,
+    /// Dropping it stops the monitor thread (timeline, autotune).
+    pub(crate) monitor_stop: Option<flume::Sender<()>>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("workers", &self.workers())
+            .finish()
+    }
+}
+
+impl Pipeline {
+    pub(crate) fn start(shared: Arc<Shared>) -> Result<Pipeline, BuildError> {
+        let mut ctrl = Vec::new();
+        let mut handles = Vec::new();
+        let mut slot = 0;
+        for (seg, s) in shared.segments.iter().enumerate() {
+            let label = pool_label(&shared.stages, s);
+            for w in 0..s.workers {
+                let (tx, rx) = flume::unbounded();
+                let sh = Arc::clone(&shared);
+                let h = std::thread::Builder::new()
+                    .name(format!("ff-{label}-{w}"))
+                    .spawn(move || worker_main(sh, seg, slot, rx))
+                    .map_err(|e| {
+                        BuildError::Invalid(format!("cannot start a worker thread: {e}"))
+                    })?;
+                ctrl.push(tx);
+                handles.push(h);
+                slot += 1;
+            }
+        }
+        let mut monitor_stop = None;
+        if shared.cfg.metrics || shared.segments.iter().any(|s| s.tuned) {
+            let (tx, rx) = flume::bounded::<()>(1);
+            let sh = Arc::clone(&shared);
+            let h = std::thread::Builder::new()
+                .name("ff-monitor".into())
+                .spawn(move || monitor_main(sh, rx))
+                .map_err(|e| BuildError::Invalid(format!("cannot start the monitor: {e}")))?;
+            handles.push(h);
+            monitor_stop = Some(tx);
+        }
+        Ok(Pipeline {
+            shared,
+            ctrl,
+            handles,
+            last_run: Mutex::new(None),
+            poisoned: Mutex::new(None),
+            last_summary: Mutex::new(None),
+            monitor_stop,
+        })
+    }
+
+    /// Dataset length for a map-style source.
+    pub fn len(&self) -> Option<u64> {
+        match &self.shared.source {
+            ErasedSource::Map { len, .. } => Some(*len),
+            ErasedSource::Iter { .. } => None,
+        }
+    }
+
+    /// Whether a map-style source is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
+    }
+
+    /// The handle that stops this pipeline's epochs at the next batch, from
+    /// any thread or a signal handler (see [`crate::stop`]).
+    pub fn stop_handle(&self) -> crate::stop::StopHandle {
+        self.shared.stop.clone()
+    }
+
+    /// The byte budget (its `peak()` is the high-water mark).
+    pub fn budget(&self) -> &ByteBudget {
+        &self.shared.budget
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.shared.cfg.seed
+    }
+
+    /// `(stage name, workers)` for the source and every stage (for a stage
+    /// under [`autotune`](crate::PipelineBuilder::autotune): the workers
+    /// active now).
+    pub fn workers(&self) -> Vec<(String, usize)> {
+        self.shared.stage_workers(|s| self.shared.active(s))
+    }
+
+    /// The changes the autotuner made, oldest first (the last 256).
+    pub fn autotune_log(&self) -> Vec<crate::autotune::TuneStep> {
+        self.shared
+            .tune_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// The plan of `epoch` for this rank (map-style sources), as the
+    /// sampler makes it.
+    pub fn plan(&self, epoch: u64) -> Option<Result<EpochPlan, BoxError>> {
+        match &self.shared.source {
+            ErasedSource::Map { len, .. } => Some(self.shared.sampler.plan(&PlanCtx {
+                len: *len,
+                seed: self.shared.cfg.seed,
+                epoch,
+                shard: self.shared.cfg.shard,
+            })),
+            ErasedSource::Iter { .. } => None,
+        }
+    }
+
+    /// This rank's shards of an iterable source in epoch `epoch`: the
+    /// shard order is a permutation drawn from `(seed, epoch)` when
+    /// shuffling, and rank `r` of `W` reads positions `r, r + W, …`.
+    pub fn shard_order(&self, epoch: u64) -> Option<Vec<usize>> {
+        let ErasedSource::Iter { shards, .. } = &self.shared.source else {
+            return None;
+        };
+        let cfg = &self.shared.cfg;
+        let all: Vec<usize> = if cfg.shuffle {
+            permutation(*shards as u64, cfg.seed, epoch)
+                .into_iter()
+                .map(|s| s as usize)
+                .collect()
+        } else {
+            (0..*shards).collect()
+        };
+        Some(
+            all.into_iter()
+                .skip(cfg.shard.rank)
+                .step_by(cfg.shard.world_size)
+                .collect(),
+        )
+    }
+
+    /// This rank's place in a distributed job.
+    pub fn shard(&self) -> Shard {
+        self.shared.cfg.shard
+    }
+
+    /// Continues the epoch `state` was saved in, from the batch after the
+    /// last one it had delivered; later epochs follow with
+    /// [`epoch`](Self::epoch). Refuses a state saved by a different seed,
+    /// dataset or shard, saying what differs.
+    pub fn resume(
+        &self,
+        state: &crate::state::PipelineState,
+    ) -> Result<EpochIter<'_>, crate::state::ResumeError> {
+        state.check_against(&self.state_at(state.epoch, (0, 0)))?;
+        if !state.carry.is_empty() && matches!(self.shared.source, ErasedSource::Map { .. }) {
+            return Err(crate::state::ResumeError::Parse(
+                "field `carry` is for iterable sources; this one is map-style".into(),
+            ));
+        }
+        Ok(self.epoch_at(state.epoch, state.position, &state.carry))
+    }
+
+    /// The state at the start of `epoch` (what a run that stops before
+    /// delivering anything saves).
+    pub fn epoch_state_start(&self, epoch: u64) -> crate::state::PipelineState {
+        self.state_at(epoch, (0, 0))
+    }
+
+    /// The state of this pipeline at `(epoch, position)`.
+    pub(crate) fn state_at(&self, epoch: u64, position: (u64, u64)) -> crate::state::PipelineState {
+        let (dataset_len, dataset_shards) = match &self.shared.source {
+            ErasedSource::Map { len, .. } => (Some(*len), None),
+            ErasedSource::Iter { shards, .. } => (None, Some(*shards as u64)),
+        };
+        crate::state::PipelineState {
+            format: crate::state::FORMAT.to_string(),
+            seed: self.shared.cfg.seed,
+            epoch,
+            position,
+            dataset_len,
+            dataset_shards,
+            rank: self.shared.cfg.shard.rank,
+            world_size: self.shared.cfg.shard.world_size,
+            carry: Vec::new(),
+        }
+    }
+
+    /// Number of batches epoch `epoch` will hold before any skip
+    /// (map-style sources).
+    pub fn epoch_hint(&self, epoch: u64) -> Option<usize> {
+        self.plan(epoch)?.ok().map(|p| p.num_batches())
+    }
+
+    /// Runs epoch `epoch`: an iterator over its batches. Dropping the
+    /// iterator abandons the epoch; the next one starts clean.
+    pub fn epoch(&self, epoch: u64) -> EpochIter<'_> {
+        self.epoch_at(epoch, (0, 0), &[])
+    }
+
+    /// Runs `epoch` from `begin`, with the short parts `carry` (`(group,
+    /// part, first row)`, see [`PipelineState::carry`]) read again first.
+    ///
+    /// [`PipelineState::carry`]: crate::state::PipelineState::carry
+    pub(crate) fn epoch_at(
+        &self,
+        epoch: u64,
+        begin: (u64, u64),
+        carry: &[(u64, u64, u64)],
+    ) -> EpochIter<'_> {
+        let start = Instant::now();
+        // The previous run must be idle before its workers take new jobs.
+        let previous = self
+            .last_run
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let poisoned = self
+            .poisoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(msg) = poisoned {
+            if let Some(prev) = previous {
+                prev.cancel.store(true, Ordering::Release);
+            }
+            return EpochIter::failed(self, epoch, pipeline_error(msg));
+        }
+        if let Some(prev) = previous {
+            prev.cancel.store(true, Ordering::Release);
+            if !prev.wait_finished(Duration::from_secs(30)) {
+                self.poison("a worker did not stop after the previous epoch".into());
+            }
+        }
+        if let Some(msg) = self
+            .poisoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return EpochIter::failed(self, epoch, pipeline_error(msg));
+        }
+        let work = match &self.shared.source {
+            ErasedSource::Map { .. } => {
+                match self
+                    .plan(epoch)
+                    .unwrap_or_else(|| Err("not a map-style source".into()))
+                {
+                    Ok(plan) => Work::Map { plan },
+                    Err(e) => {
+                        return EpochIter::failed(
+                            self,
+                            epoch,
+                            SampleError::from_box(None, None, "sampler", &e),
+                        )
+                    }
+                }
+            }
+            ErasedSource::Iter { .. } => Work::Iter {
+                order: self.shard_order(epoch).unwrap_or_default(),
+                interleave: self.shared.cfg.interleave.max(1),
+                skip_parts: begin.1,
+            },
+        };
+        let begin = match &work {
+            Work::Map { .. } => (begin.0, 0),
+            Work::Iter { .. } => begin,
+        };
+        let run = Arc::new(EpochRun {
+            epoch,
+            work,
+            start: begin,
+            cancel: AtomicBool::new(false),
+            next_claim: AtomicU64::new(begin.0),
+            consumer_next: AtomicU64::new(begin.0),
+            consumer_parts: AtomicU64::new(begin.1),
+            consumer_waiting: AtomicBool::new(false),
+            finished: Mutex::new(0),
+            finished_cv: Condvar::new(),
+            total_workers: self.ctrl.len(),
+            handoff: flume::bounded(self.shared.segments[0].workers.max(1)),
+            readers: AtomicUsize::new(self.shared.segments[0].workers),
+            idle_helpers: AtomicUsize::new(0),
+        });
+        let segs = &self.shared.segments;
+        let (final_tx, final_rx) = flume::bounded::<TaskOut>(self.shared.window as usize);
+        let mut links = Vec::new();
+        for s in segs.iter().skip(1) {
+            links.push(flume::bounded::<TaskMsg>((2 * s.workers).max(2)));
+        }
+        for (q, cap) in std::iter::once(0)
+            .chain(links.iter().map(|(tx, _)| tx.capacity().unwrap_or(1)))
+            .chain(std::iter::once(self.shared.window as usize))
+            .enumerate()
+        {
+            self.shared.queue_len[q].store(0, Ordering::Relaxed);
+            self.shared.queue_cap[q].store(cap.max(1), Ordering::Relaxed);
+        }
+        let mut w = 0;
+        for (si, s) in segs.iter().enumerate() {
+            for _ in 0..s.workers {
+                let out = if si + 1 < segs.len() {
+                    Out::Next(links[si].0.clone())
+                } else {
+                    Out::Final(final_tx.clone())
+                };
+                let input = (si > 0).then(|| links[si - 1].1.clone());
+                let job = Job {
+                    run: Arc::clone(&run),
+                    input,
+                    out,
+                };
+                if self.ctrl[w].send(job).is_err() {
+                    self.poison("a worker thread has exited".into());
+                    run.cancel.store(true, Ordering::Release);
+                }
+                w += 1;
+            }
+        }
+        drop(final_tx);
+        drop(links);
+        *self.last_run.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&run));
+        let majors = run.work.majors();
+        let batches_hint = match &run.work {
+            Work::Map { plan, .. } => Some(plan.num_batches()),
+            Work::Iter { .. } => None,
+        };
+        let mut it = EpochIter {
+            pipeline: self,
+            run: Some(run),
+            rx: Some(final_rx),
+            ready: VecDeque::new(),
+            pending_err: None,
+            reorder: BTreeMap::new(),
+            next_key: Key {
+                major: begin.0,
+                minor: begin.1,
+            },
+            parts: if begin.1 > 0 {
+                HashMap::from([(begin.0, (begin.1, None, begin.0))])
+            } else {
+                HashMap::new()
+            },
+            complete: BTreeMap::new(),
+            low: begin.0,
+            majors,
+            finished: false,
+            summary: EpochSummary {
+                epoch,
+                ..Default::default()
+            },
+            start,
+            batches_hint,
+            epoch,
+            position: begin,
+            position_carry: carry.to_vec(),
+            carry: Carry::default(),
+            local: Worker::new(Arc::clone(&self.shared), 0, self.shared.slots.len() - 1),
+            recent_waits: VecDeque::new(),
+            last_summary_line: Instant::now(),
+            yielded: 0,
+        };
+        if let Err(e) = it.read_carry(carry) {
+            it.pending_err = Some(e);
+        }
+        it
+    }
+
+    pub(crate) fn poison(&self, msg: String) {
+        let mut p = self.poisoned.lock().unwrap_or_else(|e| e.into_inner());
+        if p.is_none() {
+            *p = Some(msg);
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        if let Some(run) = self
+            .last_run
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            run.cancel.store(true, Ordering::Release);
+        }
+        self.shared.budget.notify();
+        self.ctrl.clear();
+        self.monitor_stop = None;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut handles = std::mem::take(&mut self.handles);
+        while !handles.is_empty() && Instant::now() < deadline {
+            let (done, rest): (Vec<_>, Vec<_>) = handles.into_iter().partition(|h| h.is_finished());
+            for h in done {
+                let _ = h.join();
+            }
+            handles = rest;
+            if !handles.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if !handles.is_empty() {
+            tracing::warn!(
+                stuck = handles.len(),
+                "ferrofeed: worker threads stuck inside a stage were left running"
+            );
+        }
+    }
+}
