@@ -15,6 +15,7 @@ use ferrofeed::core::prelude::*;
 use ferrofeed::stages::{ImageFolder, ReadFile};
 use ferrofeed::text::{CorpusOptions, PadCollate, TextCorpus, TextTokenizer, Tokenize};
 use ferrofeed::vision::{synth, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
+use ferrofeed_core::sync::LockExt;
 use rand::Rng;
 
 mod common;
@@ -25,7 +26,7 @@ const TOTAL: usize = 2000;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    SERIAL.lock_unpoisoned()
 }
 
 /// `TOTAL / 100` distinct positions, from a seed.

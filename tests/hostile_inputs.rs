@@ -12,6 +12,7 @@ use ferrofeed::core::prelude::*;
 use ferrofeed::stages::{ImageFolder, TarShards};
 use ferrofeed::text::{CorpusOptions, TextCorpus};
 use ferrofeed::vision::{synth, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
+use ferrofeed_core::sync::LockExt;
 
 mod common;
 
@@ -19,7 +20,7 @@ mod common;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    SERIAL.lock_unpoisoned()
 }
 
 /// Resident memory of this process, MiB.

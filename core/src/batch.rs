@@ -18,6 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::budget::Lease;
+use crate::sync::LockExt;
 
 /// Element types a tensor can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -177,7 +178,7 @@ impl BufferPool {
         self.inner.free.lock().map(|f| f.len()).unwrap_or_default()
     }
     fn take_lines(&self, lines: usize) -> Vec<Line> {
-        let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = self.inner.free.lock_unpoisoned();
         // The smallest idle buffer that is large enough.
         let best = free
             .iter()

@@ -19,6 +19,7 @@
 //! assert_eq!(budget.used(), 0);
 //! assert_eq!(budget.peak(), 600);
 //! ```
+use crate::sync::LockExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -118,7 +119,7 @@ impl ByteBudget {
     /// Wakes every thread waiting in [`wait_until`](Self::wait_until).
     pub(crate) fn notify(&self) {
         if self.waiters.load(Ordering::Acquire) > 0 {
-            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = self.lock.lock_unpoisoned();
             self.cv.notify_all();
         }
     }
@@ -129,7 +130,7 @@ impl ByteBudget {
             return true;
         }
         self.waiters.fetch_add(1, Ordering::AcqRel);
-        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock.lock_unpoisoned();
         let ok = loop {
             if cancel.load(Ordering::Acquire) {
                 break false;

@@ -21,54 +21,14 @@ use std::time::Duration;
 
 use crate::budget::ByteBudget;
 use crate::collate::{BatchStage, Collate};
-use crate::component::{ComponentId, ComponentSet};
+use crate::component::ComponentId;
+use crate::component_set::ComponentSet;
 use crate::engine::{Config, ErasedSource, Shared, StageNode};
 use crate::error::{BoxError, BuildError, ErrorPolicy};
 use crate::pipeline::Pipeline;
 use crate::sampler::{BatchSampler, FixedBatches, Order, Shard};
 use crate::source::{IterableSource, Source};
-use crate::stage::{erase, FnStage, Parallelism, Stage, StageCtx};
-
-/// Per-stage options: workers, error policy override, timeout.
-#[derive(Debug, Clone, Copy)]
-pub struct StageOptions {
-    pub(crate) workers: Parallelism,
-    pub(crate) on_error: Option<ErrorPolicy>,
-    pub(crate) timeout: Option<Duration>,
-}
-
-impl Default for StageOptions {
-    fn default() -> Self {
-        StageOptions {
-            workers: Parallelism::Auto,
-            on_error: None,
-            timeout: None,
-        }
-    }
-}
-
-impl StageOptions {
-    /// Defaults: `Auto` workers, the pipeline's policy, no timeout.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Worker count.
-    pub fn workers(mut self, p: Parallelism) -> Self {
-        self.workers = p;
-        self
-    }
-    /// Error policy for this stage only.
-    pub fn on_error(mut self, p: ErrorPolicy) -> Self {
-        self.on_error = Some(p);
-        self
-    }
-    /// A run longer than this becomes a timeout error naming the stage and
-    /// sample (the epoch stops: a stuck worker cannot be reclaimed).
-    pub fn timeout(mut self, d: Duration) -> Self {
-        self.timeout = Some(d);
-        self
-    }
-}
+use crate::stage::{erase, FnStage, Parallelism, Stage, StageCtx, StageOptions};
 
 /// Builds a [`Pipeline`].
 pub struct PipelineBuilder {

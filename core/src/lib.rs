@@ -39,6 +39,7 @@ pub mod budget;
 pub mod builder;
 pub mod collate;
 pub mod component;
+mod component_set;
 mod engine;
 pub mod error;
 pub mod metrics;
@@ -50,15 +51,17 @@ pub mod source;
 pub mod stage;
 pub mod state;
 pub mod stop;
+pub mod sync;
 pub mod table;
 pub mod trace;
 
 pub use autotune::TuneStep;
 pub use batch::{Batch, BufferPool, BufferSource, DType, Element, HostBuffer, Tensor};
 pub use budget::ByteBudget;
-pub use builder::{PipelineBuilder, StageOptions};
+pub use builder::PipelineBuilder;
 pub use collate::{BatchStage, Collatable, Collate, CollateError, StackCollate};
-pub use component::{Component, ComponentId, ComponentSet};
+pub use component::{Component, ComponentId};
+pub use component_set::ComponentSet;
 pub use error::{BoxError, BuildError, ErrorKind, ErrorPolicy, SampleError};
 pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
 pub use pipeline::{EpochIter, InspectReport, Pipeline};
@@ -67,7 +70,7 @@ pub use sampler::{
     Order, PlanCtx, Sampler, Shard, ShardError, WeightError, Weighted,
 };
 pub use source::{FnSource, IterableSource, Source};
-pub use stage::{Parallelism, Stage, StageCtx};
+pub use stage::{Parallelism, Stage, StageCtx, StageOptions};
 pub use state::{PipelineState, ResumeError};
 pub use stop::StopHandle;
 pub use table::{BatchRows, Table};

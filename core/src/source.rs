@@ -11,7 +11,7 @@
 //! assert_eq!(squares.len(), 5);
 //! assert_eq!(squares.get(3).unwrap(), 9);
 //! ```
-use crate::component::ComponentSet;
+use crate::component_set::ComponentSet;
 use crate::error::BoxError;
 
 /// A map-style dataset: a known length and random access by index.

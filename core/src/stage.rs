@@ -22,11 +22,13 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::component::{ComponentId, ComponentSet};
-use crate::error::BoxError;
+use crate::component::ComponentId;
+use crate::component_set::ComponentSet;
 use crate::error::{error_chain, ErrorKind};
+use crate::error::{BoxError, ErrorPolicy};
 use crate::rng::{derive_seed, sample_rng, SampleRng};
 use crate::table::Table;
+use std::time::Duration;
 
 /// How many workers a stage runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,5 +264,46 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "a panic with a non-string payload".to_string()
+    }
+}
+
+/// Per-stage options: workers, error policy override, timeout.
+#[derive(Debug, Clone, Copy)]
+pub struct StageOptions {
+    pub(crate) workers: Parallelism,
+    pub(crate) on_error: Option<ErrorPolicy>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Default for StageOptions {
+    fn default() -> Self {
+        StageOptions {
+            workers: Parallelism::Auto,
+            on_error: None,
+            timeout: None,
+        }
+    }
+}
+
+impl StageOptions {
+    /// Defaults: `Auto` workers, the pipeline's policy, no timeout.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Worker count.
+    pub fn workers(mut self, p: Parallelism) -> Self {
+        self.workers = p;
+        self
+    }
+    /// Error policy for this stage only.
+    pub fn on_error(mut self, p: ErrorPolicy) -> Self {
+        self.on_error = Some(p);
+        self
+    }
+    /// A run longer than this becomes a timeout error naming the stage and
+    /// sample (the epoch stops: a stuck worker cannot be reclaimed).
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
     }
 }

@@ -18,6 +18,7 @@
 //! let json = p.trace_json().unwrap();
 //! assert!(json.contains("\"traceEvents\"") && json.contains("\"inc\""));
 //! ```
+use crate::sync::LockExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -80,7 +81,7 @@ impl TraceSink {
         if buf.is_empty() {
             return;
         }
-        let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ev = self.events.lock_unpoisoned();
         let room = self.max.saturating_sub(ev.len());
         if buf.len() > room {
             self.dropped
@@ -92,7 +93,7 @@ impl TraceSink {
     /// Records a counter sample (a Perfetto counter track per `name`, one
     /// series per key of `values`), within the same bound as the events.
     pub fn counter(&self, ts_ns: u64, name: &'static str, values: serde_json::Value) {
-        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.counters.lock_unpoisoned();
         if c.len() < self.max {
             c.push((ts_ns, name, values));
         } else {
@@ -101,8 +102,8 @@ impl TraceSink {
     }
     /// The trace as Chrome trace-event JSON.
     pub fn to_json(&self) -> String {
-        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let events = self.events.lock_unpoisoned();
+        let threads = self.threads.lock_unpoisoned();
         let us = |ns: u64| ns as f64 / 1e3;
         let mut out: Vec<serde_json::Value> = Vec::with_capacity(events.len() + threads.len() + 2);
         out.push(serde_json::json!({"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "ferrofeed"}}));
@@ -139,7 +140,7 @@ impl TraceSink {
                 }
             }
         }
-        let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let counters = self.counters.lock_unpoisoned();
         for (ts, name, values) in counters.iter() {
             out.push(serde_json::json!({
                 "name": name, "ph": "C", "pid": 1, "ts": us(*ts), "args": values

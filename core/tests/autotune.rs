@@ -11,6 +11,7 @@ use ferrofeed_core::PipelineBuilder;
 
 mod common;
 use common::ff_threads;
+use ferrofeed_core::sync::LockExt;
 
 /// Tests here count this process's `ff-` threads: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -70,7 +71,7 @@ fn batches(p: &Pipeline, epoch: u64) -> Vec<Vec<i64>> {
 
 #[test]
 fn a_blocked_stage_gets_more_workers_and_batches_are_unchanged() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock_unpoisoned();
     let tuned = pipeline(400, true, 1000);
     let plain = pipeline(400, false, 0);
     // Starts with one worker per stage.
@@ -94,7 +95,7 @@ fn a_blocked_stage_gets_more_workers_and_batches_are_unchanged() {
 
 #[test]
 fn counts_follow_costs_that_drift() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock_unpoisoned();
     // The fetch cost drops from 1 ms to nothing between epochs: the
     // tuner takes workers back.
     let slow = Arc::new(AtomicUsize::new(1));
@@ -132,7 +133,7 @@ fn counts_follow_costs_that_drift() {
 
 #[test]
 fn iterable_sources_and_early_drop() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock_unpoisoned();
     struct Shards;
     impl IterableSource for Shards {
         type Output = i64;
@@ -172,7 +173,7 @@ fn iterable_sources_and_early_drop() {
 
 #[test]
 fn a_failing_sample_stops_the_epoch_and_the_next_one_runs() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock_unpoisoned();
     let p = Pipeline::builder(FnSource::new(300, |i| Ok(i as i64)))
         .map("fetch", |x: i64, ctx: &StageCtx| {
             std::thread::sleep(Duration::from_micros(300));

@@ -7,6 +7,7 @@ use ferrofeed_core::prelude::*;
 
 mod common;
 use common::ff_threads;
+use ferrofeed_core::sync::LockExt;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -46,7 +47,7 @@ fn collect_all(p: &Pipeline, epoch: u64) -> Vec<i64> {
 
 #[test]
 fn early_drop_and_a_hundred_epochs_reuse_the_pools() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock_unpoisoned();
     let p = Pipeline::builder(vals(200))
         .map_with(
             "a",
@@ -93,7 +94,7 @@ fn early_drop_and_a_hundred_epochs_reuse_the_pools() {
 
 #[test]
 fn dropping_the_pipeline_joins_every_thread_quickly() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock_unpoisoned();
     let before = ff_threads();
     let p = Pipeline::builder(vals(1_000_000))
         .map_with(
@@ -128,7 +129,7 @@ fn dropping_the_pipeline_joins_every_thread_quickly() {
 
 #[test]
 fn a_consumer_that_panics_mid_epoch_leaves_no_thread_behind() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock_unpoisoned();
     let before = ff_threads();
     let r = std::panic::catch_unwind(|| {
         let p = Pipeline::builder(vals(10_000))
@@ -181,7 +182,7 @@ fn joined_within_a_second(before: usize, what: &str) {
 
 #[test]
 fn misbehaving_stages_and_consumers_never_hang_and_leave_no_thread() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock_unpoisoned();
     let before = ff_threads();
 
     // A stage that panics on some samples, under `skip`.
@@ -219,7 +220,7 @@ fn misbehaving_stages_and_consumers_never_hang_and_leave_no_thread() {
                     .timeout(Duration::from_millis(100)),
                 move |v: Val, _: &StageCtx| {
                     if v.0 == 42 {
-                        let _ = blocked.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        let _ = blocked.lock_unpoisoned().recv();
                     }
                     Ok::<_, BoxError>(v)
                 },

@@ -24,6 +24,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ferrofeed_core::sync::LockExt;
 use ferrofeed_core::{Batch, BatchStage, BoxError, BufferSource, HostBuffer};
 
 /// Why CUDA cannot be used, or a CUDA operation failed.
@@ -403,7 +404,7 @@ impl PinnedPool {
         self.reason.as_deref()
     }
     fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.state.lock_unpoisoned()
     }
     /// Buffers that exist (never more than `max_buffers`).
     pub fn allocated(&self) -> usize {
@@ -480,7 +481,7 @@ impl Drop for Lent {
         let Some(block) = self.block.take() else {
             return;
         };
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.shared.state.lock_unpoisoned();
         st.lent -= 1;
         st.free.push(block);
         self.shared.returned.notify_one();

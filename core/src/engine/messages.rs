@@ -16,6 +16,7 @@ use crate::sampler::EpochPlan;
 use crate::table::Table;
 
 use crate::engine::*;
+use crate::sync::LockExt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Key {
@@ -82,13 +83,13 @@ impl EpochRun {
         self.cancel.load(Ordering::Acquire)
     }
     pub(crate) fn worker_finished(&self) {
-        let mut f = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.finished.lock_unpoisoned();
         *f += 1;
         self.finished_cv.notify_all();
     }
     pub(crate) fn wait_finished(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
-        let mut f = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.finished.lock_unpoisoned();
         while *f < self.total_workers {
             let now = Instant::now();
             if now >= deadline {

@@ -28,6 +28,7 @@
 //! ```
 
 pub(crate) mod collate;
+pub(crate) mod counters;
 pub(crate) mod feed;
 pub(crate) mod messages;
 pub(crate) mod monitor;
@@ -36,6 +37,7 @@ pub(crate) mod shared;
 pub(crate) mod source;
 pub(crate) mod worker;
 
+pub(crate) use self::counters::*;
 pub(crate) use self::feed::iterable::*;
 pub(crate) use self::messages::*;
 pub(crate) use self::monitor::*;

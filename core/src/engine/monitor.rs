@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::*;
+use crate::sync::LockExt;
 
 /// The pipeline's monitor thread: adds a timeline point when one is due and,
 /// under autotune, runs the tuner every interval.
@@ -104,13 +105,13 @@ pub(crate) fn tune_step(shared: &Shared, est: &mut [Option<(f64, f64)>]) {
         shared.active[s].store(w, Ordering::Release);
     }
     {
-        let _guard = shared.park.0.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = shared.park.0.lock_unpoisoned();
         shared.park.1.notify_all();
     }
     let workers = shared.stage_workers(|s| proposal[s]);
     let predicted = crate::autotune::predicted_rate(cpus, &segs, &proposal, 1.0);
     tracing::debug!(?workers, predicted, "ferrofeed: autotune");
-    let mut log = shared.tune_log.lock().unwrap_or_else(|e| e.into_inner());
+    let mut log = shared.tune_log.lock_unpoisoned();
     if log.len() == 256 {
         log.pop_front();
     }

@@ -8,9 +8,9 @@
 
 use std::ops::Range;
 
-use crate::builder::StageOptions;
 use crate::component::ComponentId;
 use crate::stage::RunFn;
+use crate::stage::StageOptions;
 
 pub(crate) struct StageNode {
     pub name: String,

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use crate::budget::ByteBudget;
 use crate::collate::Collate;
 use crate::error::ErrorPolicy;
-use crate::metrics::StageMetrics;
+
 use crate::sampler::{BatchSampler, Shard};
 
 use crate::engine::*;
+use crate::sync::LockExt;
 
 pub(crate) struct Config {
     pub batch_stages: Vec<(String, Box<dyn crate::collate::BatchStage>)>,
@@ -304,7 +305,7 @@ impl Shared {
     /// Starts the timeline afresh from the counters as they are now.
     pub(crate) fn reset_timeline(&self) {
         let now = self.t0.elapsed().as_nanos() as u64;
-        let mut rec = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rec = self.timeline.lock_unpoisoned();
         rec.tl.points.clear();
         rec.tl.interval_s = TIMELINE_EVERY.as_secs_f64();
         rec.start_ns = now;

@@ -18,6 +18,7 @@ use crate::stage::{Exec, RowFate, RunEnv, RunFn};
 use crate::table::Table;
 
 use crate::engine::*;
+use crate::sync::LockExt;
 
 /// Per-task counters, flushed to the shared metrics once per task.
 pub(crate) struct LocalStats {
@@ -215,7 +216,7 @@ impl Worker {
             if done() {
                 return false;
             }
-            let guard = shared.park.0.lock().unwrap_or_else(|e| e.into_inner());
+            let guard = shared.park.0.lock_unpoisoned();
             let _unused = shared
                 .park
                 .1

@@ -28,6 +28,7 @@ use crate::table::Table;
 
 use super::Pipeline;
 use crate::engine::*;
+use crate::sync::LockExt;
 
 /// The batches of one epoch, in sampler order unless the pipeline is
 /// `unordered`. Yields `Err` once for a failing sample under `Fail`, then ends.
@@ -378,11 +379,7 @@ impl<'p> EpochIter<'p> {
         }
         self.rx = None;
         self.reorder.clear();
-        *self
-            .pipeline
-            .last_summary
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(self.summary.clone());
+        *self.pipeline.last_summary.lock_unpoisoned() = Some(self.summary.clone());
     }
 }
 

@@ -44,6 +44,7 @@ use crate::metrics::EpochSummary;
 use crate::sampler::{permutation, EpochPlan, PlanCtx, Shard};
 
 use crate::engine::*;
+use crate::sync::LockExt;
 
 mod inspect;
 mod iter;
@@ -155,8 +156,7 @@ impl Pipeline {
     pub fn autotune_log(&self) -> Vec<crate::autotune::TuneStep> {
         self.shared
             .tune_log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_unpoisoned()
             .iter()
             .cloned()
             .collect()
@@ -271,16 +271,8 @@ impl Pipeline {
     ) -> EpochIter<'_> {
         let start = Instant::now();
         // The previous run must be idle before its workers take new jobs.
-        let previous = self
-            .last_run
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let poisoned = self
-            .poisoned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let previous = self.last_run.lock_unpoisoned().take();
+        let poisoned = self.poisoned.lock_unpoisoned().clone();
         if let Some(msg) = poisoned {
             if let Some(prev) = previous {
                 prev.cancel.store(true, Ordering::Release);
@@ -293,12 +285,7 @@ impl Pipeline {
                 self.poison("a worker did not stop after the previous epoch".into());
             }
         }
-        if let Some(msg) = self
-            .poisoned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
+        if let Some(msg) = self.poisoned.lock_unpoisoned().clone() {
             return EpochIter::failed(self, epoch, pipeline_error(msg));
         }
         let work = match &self.shared.source {
@@ -380,7 +367,7 @@ impl Pipeline {
         }
         drop(final_tx);
         drop(links);
-        *self.last_run.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&run));
+        *self.last_run.lock_unpoisoned() = Some(Arc::clone(&run));
         let majors = run.work.majors();
         let batches_hint = match &run.work {
             Work::Map { plan, .. } => Some(plan.num_batches()),
@@ -428,7 +415,7 @@ impl Pipeline {
     }
 
     pub(crate) fn poison(&self, msg: String) {
-        let mut p = self.poisoned.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.poisoned.lock_unpoisoned();
         if p.is_none() {
             *p = Some(msg);
         }
@@ -437,12 +424,7 @@ impl Pipeline {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        if let Some(run) = self
-            .last_run
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(run) = self.last_run.lock_unpoisoned().take() {
             run.cancel.store(true, Ordering::Release);
         }
         self.shared.budget.notify();

@@ -19,6 +19,7 @@ use std::time::Instant;
 use crate::metrics::{EpochSummary, StageReport};
 
 use super::Pipeline;
+use crate::sync::LockExt;
 
 impl Pipeline {
     /// The trace recorded so far (Chrome trace-event JSON), when the
@@ -29,10 +30,7 @@ impl Pipeline {
 
     /// The summary of the last epoch that finished or was abandoned.
     pub fn last_summary(&self) -> Option<EpochSummary> {
-        self.last_summary
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.last_summary.lock_unpoisoned().clone()
     }
 
     /// Per-stage figures since the pipeline started or since
@@ -148,10 +146,7 @@ impl Pipeline {
     }
 
     pub(crate) fn metrics_since(&self) -> std::sync::MutexGuard<'_, Instant> {
-        self.shared
-            .metrics_since
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.shared.metrics_since.lock_unpoisoned()
     }
 
     /// Clears the per-stage metrics and the budget's high-water mark.
@@ -174,11 +169,6 @@ impl Pipeline {
     /// [`trace`](crate::PipelineBuilder::trace) on, the same points are
     /// counter tracks in the trace).
     pub fn timeline(&self) -> crate::metrics::Timeline {
-        self.shared
-            .timeline
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .tl
-            .clone()
+        self.shared.timeline.lock_unpoisoned().tl.clone()
     }
 }

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::image::Image;
+use ferrofeed_core::sync::LockExt;
 
 /// Decoded images by dataset index, evicted least-recently-used first so
 /// their bytes stay under a cap.
@@ -60,7 +61,7 @@ impl ImageCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock_unpoisoned()
     }
 
     /// The image of `index`, marking it recently used.

@@ -43,6 +43,7 @@
 //! assert_eq!(u16::from_be_bytes([prefix[layout.height_at()], prefix[layout.height_at() + 1]]), 4 * 16);
 //! assert!(tail > layout.data_start() && tail < jpeg.len());
 //! ```
+use ferrofeed_core::sync::LockExt;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -1074,7 +1075,7 @@ impl ScanIndex {
 
     /// Images with marks.
     pub fn images(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.inner.lock_unpoisoned().len()
     }
 
     /// Lookups that found every mark they needed.
@@ -1106,7 +1107,7 @@ impl ScanIndex {
         // decoded by one worker at a time, and an entry held alone grows
         // without a copy.
         let taken = {
-            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let mut inner = self.inner.lock_unpoisoned();
             match inner.get(&key) {
                 Some(e) if e.check == check && e.marks.len() > upto => {
                     self.hits.fetch_add(1, Ordering::Relaxed);
@@ -1146,7 +1147,7 @@ impl ScanIndex {
         let scanned = layout.scan(bytes, &mut marks, upto);
         let marks = Arc::new(marks);
         // Marks found before a failure are still right: kept either way.
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock_unpoisoned();
         let entry = Entry {
             check,
             marks: Arc::clone(&marks),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::budget::Lease;
-use crate::component::ComponentSet;
+use crate::component_set::ComponentSet;
 use crate::error::{BoxError, SampleError};
 use crate::source::stream_index;
 use crate::table::Table;
