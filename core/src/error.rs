@@ -47,7 +47,37 @@ pub enum RetryThen {
     Skip,
 }
 
+/// What the error policy makes of a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Run the step again after this backoff.
+    Retry(Duration),
+    /// Drop the sample, report it in the summary, go on.
+    Skip,
+    /// Stop the epoch with this error.
+    Stop,
+}
+
 impl ErrorPolicy {
+    /// The one place fail/skip/retry is decided, for every step that can
+    /// fail — a stage's row, a shard open, a source item, collate, batch
+    /// stages, inspect: after `failures` failed attempts of it (1: the
+    /// first run failed), retry with doubling backoff while the policy's
+    /// retries last, then skip or stop. Steps that cannot run again ask
+    /// with `u32::MAX` (see [`final_verdict`](Self::final_verdict)).
+    pub(crate) fn verdict(&self, failures: u32) -> Verdict {
+        match *self {
+            ErrorPolicy::Retry { attempts, .. } if failures <= attempts => {
+                Verdict::Retry(self.backoff(failures))
+            }
+            _ if self.skips() => Verdict::Skip,
+            _ => Verdict::Stop,
+        }
+    }
+    /// The verdict for a step that cannot be retried.
+    pub(crate) fn final_verdict(&self) -> Verdict {
+        self.verdict(u32::MAX)
+    }
     /// `Retry { attempts, backoff: 10 ms, then: Fail }`.
     pub fn retry(attempts: u32) -> Self {
         ErrorPolicy::Retry {
@@ -178,19 +208,41 @@ impl fmt::Display for SampleError {
 }
 
 impl SampleError {
+    /// The one constructor: the sample's index and key (path) when known,
+    /// the stage, what went wrong and after how many attempts.
+    pub(crate) fn new(
+        index: Option<u64>,
+        path: Option<String>,
+        stage: impl Into<String>,
+        kind: ErrorKind,
+        attempts: u32,
+    ) -> Self {
+        SampleError {
+            index,
+            path,
+            stage: stage.into(),
+            kind,
+            attempts,
+        }
+    }
+    /// A stage's or source's error, after one attempt.
     pub(crate) fn from_box(
         index: Option<u64>,
         path: Option<String>,
         stage: &str,
         err: &BoxError,
     ) -> Self {
-        SampleError {
+        SampleError::new(
             index,
             path,
-            stage: stage.to_string(),
-            kind: ErrorKind::Failed(error_chain(err.as_ref())),
-            attempts: 1,
-        }
+            stage,
+            ErrorKind::Failed(error_chain(err.as_ref())),
+            1,
+        )
+    }
+    /// A failure of the pipeline itself (a worker gone, a broken plan).
+    pub(crate) fn pipeline(msg: String) -> Self {
+        SampleError::new(None, None, "pipeline", ErrorKind::Pipeline(msg), 1)
     }
 }
 

@@ -159,8 +159,11 @@ pub(crate) struct RunEnv<'a> {
     pub every_row: bool,
 }
 
-/// What becomes of a row whose stage failed for good.
+/// What becomes of a row whose stage failed, as the engine's policy says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RowFate {
+    /// Run the stage on it again (the engine has waited the backoff).
+    Retry,
     /// Drop the row and go on.
     Skip,
     /// Stop: this row's batch and everything after it are dropped.
@@ -171,8 +174,9 @@ pub(crate) enum RowFate {
 pub(crate) trait Exec {
     fn begin(&mut self, row: usize, index: u64);
     fn end(&mut self);
-    fn retry(&mut self, attempt: u32);
-    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32) -> RowFate;
+    /// Row `index` failed its `attempts`-th run; `may_retry` says whether
+    /// its input was kept for another. The engine applies the policy.
+    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32, may_retry: bool) -> RowFate;
 }
 
 pub(crate) type RunFn =
@@ -222,12 +226,12 @@ pub(crate) fn erase<S: Stage>(stage: S, salt: u64) -> RunFn {
                     Ok(Err(e)) => ErrorKind::Failed(error_chain(e.as_ref())),
                     Err(p) => ErrorKind::Panicked(panic_message(p.as_ref())),
                 };
-                if attempt < env.retries && !env.cancel.load(Ordering::Relaxed) {
-                    attempt += 1;
-                    exec.retry(attempt);
-                    continue;
-                }
-                match exec.fail(index, kind, attempt + 1) {
+                let may_retry = attempt < env.retries && !env.cancel.load(Ordering::Relaxed);
+                match exec.fail(index, kind, attempt + 1, may_retry) {
+                    RowFate::Retry => {
+                        attempt += 1;
+                        continue;
+                    }
                     RowFate::Skip => keep.get_or_insert_with(|| vec![true; n])[row] = false,
                     RowFate::Stop => stop = Some(row),
                 }

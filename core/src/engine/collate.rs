@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::batch::Batch;
-use crate::error::{ErrorKind, ErrorPolicy, RetryThen, SampleError};
+use crate::error::{ErrorKind, SampleError};
+use crate::stage::RowFate;
 use crate::table::BatchRows;
 
 use crate::engine::*;
@@ -53,14 +54,8 @@ impl Worker {
             };
         }
         let m = shared.stages.len() + 1;
-        let policy = match shared.cfg.policy {
-            ErrorPolicy::Retry {
-                then: RetryThen::Skip,
-                ..
-            } => ErrorPolicy::Skip,
-            ErrorPolicy::Retry { .. } => ErrorPolicy::Fail,
-            p => p,
-        };
+        // Collate and batch stages run once: the policy after retries.
+        let verdict = shared.cfg.policy.final_verdict();
         let mut out = Vec::with_capacity(table.batches().count());
         let mut b = 0;
         let map_task = matches!(shared.source, ErasedSource::Map { .. });
@@ -120,30 +115,31 @@ impl Worker {
                     "collate".to_string(),
                 ),
             };
-            self.stats.errors[m] += 1;
+            // The sample at fault, or every sample of the batch.
             let culprits: Vec<usize> = match pos {
                 Some(p) if p < range.len() => vec![range.start + p],
                 _ => range.clone().collect(),
             };
-            let errs: Vec<SampleError> = culprits
-                .iter()
-                .map(|&row| {
-                    let index = table.indices()[row];
-                    SampleError {
-                        index: Some(index),
-                        path: shared.source.key_of(index),
-                        stage: stage.clone(),
-                        kind: kind.clone(),
-                        attempts: 1,
-                    }
-                })
-                .collect();
-            if !policy.skips() {
-                log.fail = errs.into_iter().next();
+            let mut stop = false;
+            for &row in &culprits {
+                let index = table.indices()[row];
+                let err = || {
+                    SampleError::new(
+                        Some(index),
+                        shared.source.key_of(index),
+                        stage.as_str(),
+                        kind.clone(),
+                        1,
+                    )
+                };
+                stop = settle(&mut self.stats, &mut log, m, verdict, err) == RowFate::Stop;
+                if stop {
+                    break;
+                }
+            }
+            if stop {
                 break;
             }
-            self.stats.skipped[m] += errs.len() as u64;
-            log.skipped.extend(errs);
             let mut keep = vec![true; table.len()];
             for row in culprits {
                 keep[row] = false;

@@ -45,15 +45,3 @@ pub(crate) use self::plan::*;
 pub(crate) use self::shared::*;
 pub(crate) use self::source::*;
 pub(crate) use self::worker::*;
-
-use crate::error::{ErrorKind, SampleError};
-
-pub(crate) fn pipeline_error(msg: String) -> SampleError {
-    SampleError {
-        index: None,
-        path: None,
-        stage: "pipeline".into(),
-        kind: ErrorKind::Pipeline(msg),
-        attempts: 1,
-    }
-}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::budget::Lease;
-use crate::error::{ErrorKind, ErrorPolicy, SampleError};
+use crate::error::{ErrorKind, ErrorPolicy, SampleError, Verdict};
 use crate::stage::{Exec, RowFate, RunEnv, RunFn};
 use crate::table::Table;
 
@@ -139,27 +139,50 @@ impl Exec for RowExec<'_> {
             }
         }
     }
-    fn retry(&mut self, attempt: u32) {
-        self.log.retries += 1;
-        self.stats.retries[self.m] += 1;
-        self.stats.errors[self.m] += 1;
-        std::thread::sleep(self.policy.backoff(attempt));
-    }
-    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32) -> RowFate {
-        self.stats.errors[self.m] += 1;
-        let err = SampleError {
-            index: Some(index),
-            path: self.shared.source.key_of(index),
-            stage: self.stage.to_string(),
-            kind,
-            attempts,
-        };
-        if self.policy.skips() {
-            self.stats.skipped[self.m] += 1;
-            self.log.skipped.push(err);
-            RowFate::Skip
+    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32, may_retry: bool) -> RowFate {
+        let verdict = if may_retry {
+            self.policy.verdict(attempts)
         } else {
-            self.log.fail = Some(err);
+            self.policy.final_verdict()
+        };
+        let err = || {
+            SampleError::new(
+                Some(index),
+                self.shared.source.key_of(index),
+                self.stage,
+                kind,
+                attempts,
+            )
+        };
+        settle(self.stats, self.log, self.m, verdict, err)
+    }
+}
+
+/// Carries out a [`Verdict`] on a failed step whose metrics index is `m`:
+/// a retry is counted and its backoff waited; a skip or a stop records the
+/// error (`err` is built only then). Every failure goes through here.
+pub(crate) fn settle(
+    stats: &mut LocalStats,
+    log: &mut TaskLog,
+    m: usize,
+    verdict: Verdict,
+    err: impl FnOnce() -> SampleError,
+) -> RowFate {
+    stats.errors[m] += 1;
+    match verdict {
+        Verdict::Retry(backoff) => {
+            log.retries += 1;
+            stats.retries[m] += 1;
+            std::thread::sleep(backoff);
+            RowFate::Retry
+        }
+        Verdict::Skip => {
+            stats.skipped[m] += 1;
+            log.skipped.push(err());
+            RowFate::Skip
+        }
+        Verdict::Stop => {
+            log.fail.get_or_insert_with(err);
             RowFate::Stop
         }
     }
@@ -388,7 +411,7 @@ impl Worker {
             // `build()` checked: every row lacks the component.
             let kind = ErrorKind::MissingComponent(missing.short_name());
             for &index in table.indices() {
-                if let RowFate::Stop = exec.fail(index, kind.clone(), 1) {
+                if let RowFate::Stop = exec.fail(index, kind.clone(), 1, false) {
                     break;
                 }
             }

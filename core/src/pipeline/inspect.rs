@@ -42,23 +42,24 @@ impl Pipeline {
             epoch,
             seed: self.shared.cfg.seed,
             cancel: &cancel,
-            retries: 0,
+            retries: self.shared.cfg.policy.attempts(),
             every_row: false,
         };
         let run_stage = |table: &mut Table, f: &RunFn, stage: &str| -> Result<(), SampleError> {
             let mut exec = InspectExec {
                 source: &self.shared.source,
+                policy: self.shared.cfg.policy,
                 stage,
                 error: None,
             };
             if let Err(c) = f(table, &env, &mut exec) {
-                exec.error.get_or_insert(SampleError {
-                    index: Some(index),
-                    path: self.shared.source.key_of(index),
-                    stage: stage.to_string(),
-                    kind: ErrorKind::MissingComponent(c.short_name()),
-                    attempts: 1,
-                });
+                exec.error.get_or_insert(SampleError::new(
+                    Some(index),
+                    self.shared.source.key_of(index),
+                    stage,
+                    ErrorKind::MissingComponent(c.short_name()),
+                    1,
+                ));
             }
             exec.error.map_or(Ok(()), Err)
         };
@@ -66,15 +67,15 @@ impl Pipeline {
         let mut table = match &self.shared.source {
             ErasedSource::Map { len, read, .. } => {
                 if index >= *len {
-                    return Err(SampleError {
-                        index: Some(index),
-                        path: None,
-                        stage: "source".into(),
-                        kind: ErrorKind::Failed(format!(
+                    return Err(SampleError::new(
+                        Some(index),
+                        None,
+                        "source",
+                        ErrorKind::Failed(format!(
                             "index {index} is past the end: the dataset has {len} samples"
                         )),
-                        attempts: 1,
-                    });
+                        1,
+                    ));
                 }
                 let mut t = Table::with_indices(vec![index]);
                 run_stage(&mut t, read, "source")?;
@@ -112,14 +113,16 @@ impl Pipeline {
                         }
                     }
                 }
-                found.ok_or_else(|| SampleError {
-                    index: Some(index),
-                    path: None,
-                    stage: "source".into(),
-                    kind: ErrorKind::Failed(format!(
-                        "index {index} is past the end: the stream has {seen} samples"
-                    )),
-                    attempts: 1,
+                found.ok_or_else(|| {
+                    SampleError::new(
+                        Some(index),
+                        None,
+                        "source",
+                        ErrorKind::Failed(format!(
+                            "index {index} is past the end: the stream has {seen} samples"
+                        )),
+                        1,
+                    )
                 })?
             }
         };
@@ -142,17 +145,15 @@ impl Pipeline {
         }
         let t = Instant::now();
         let rows = BatchRows::new(&table, 0..1);
-        let batch = self
-            .shared
-            .collate
-            .collate(&rows)
-            .map_err(|e| SampleError {
-                index: Some(idx),
-                path: self.shared.source.key_of(idx),
-                stage: "collate".into(),
-                kind: ErrorKind::Failed(e.message),
-                attempts: 1,
-            })?;
+        let batch = self.shared.collate.collate(&rows).map_err(|e| {
+            SampleError::new(
+                Some(idx),
+                self.shared.source.key_of(idx),
+                "collate",
+                ErrorKind::Failed(e.message),
+                1,
+            )
+        })?;
         steps.push(InspectStep {
             stage: "collate".into(),
             seconds: t.elapsed().as_secs_f64(),
@@ -172,6 +173,7 @@ impl Pipeline {
 /// Records the first failure of an inspected sample.
 struct InspectExec<'a> {
     pub(crate) source: &'a ErasedSource,
+    pub(crate) policy: crate::error::ErrorPolicy,
     pub(crate) stage: &'a str,
     pub(crate) error: Option<SampleError>,
 }
@@ -179,15 +181,25 @@ struct InspectExec<'a> {
 impl Exec for InspectExec<'_> {
     fn begin(&mut self, _: usize, _: u64) {}
     fn end(&mut self) {}
-    fn retry(&mut self, _: u32) {}
-    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32) -> RowFate {
-        self.error.get_or_insert(SampleError {
-            index: Some(index),
-            path: self.source.key_of(index),
-            stage: self.stage.to_string(),
+    /// The policy's verdict, as in a run: a transient failure is retried;
+    /// a skip or a stop is the inspected sample's error.
+    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32, may_retry: bool) -> RowFate {
+        let verdict = if may_retry {
+            self.policy.verdict(attempts)
+        } else {
+            self.policy.final_verdict()
+        };
+        if let crate::error::Verdict::Retry(backoff) = verdict {
+            std::thread::sleep(backoff);
+            return RowFate::Retry;
+        }
+        self.error.get_or_insert(SampleError::new(
+            Some(index),
+            self.source.key_of(index),
+            self.stage,
             kind,
             attempts,
-        });
+        ));
         RowFate::Stop
     }
 }

@@ -236,13 +236,13 @@ impl<'p> EpochIter<'p> {
                                 "a worker is stuck in stage `{}` (sample {index})",
                                 node.name
                             ));
-                            return Recv::Error(SampleError {
-                                index: Some(index),
-                                path: shared.source.key_of(index),
-                                stage: node.name.clone(),
-                                kind: ErrorKind::TimedOut(limit),
-                                attempts: 1,
-                            });
+                            return Recv::Error(SampleError::new(
+                                Some(index),
+                                shared.source.key_of(index),
+                                node.name.as_str(),
+                                ErrorKind::TimedOut(limit),
+                                1,
+                            ));
                         }
                     }
                 }
@@ -481,7 +481,7 @@ impl Iterator for EpochIter<'_> {
                     if !cancelled {
                         self.pipeline.poison(msg.clone());
                     }
-                    self.pending_err = Some(pipeline_error(msg));
+                    self.pending_err = Some(SampleError::pipeline(msg));
                 }
             }
         }

@@ -277,7 +277,7 @@ impl Pipeline {
             if let Some(prev) = previous {
                 prev.cancel.store(true, Ordering::Release);
             }
-            return EpochIter::failed(self, epoch, pipeline_error(msg));
+            return EpochIter::failed(self, epoch, SampleError::pipeline(msg));
         }
         if let Some(prev) = previous {
             prev.cancel.store(true, Ordering::Release);
@@ -286,7 +286,7 @@ impl Pipeline {
             }
         }
         if let Some(msg) = self.poisoned.lock_unpoisoned().clone() {
-            return EpochIter::failed(self, epoch, pipeline_error(msg));
+            return EpochIter::failed(self, epoch, SampleError::pipeline(msg));
         }
         let work = match &self.shared.source {
             ErasedSource::Map { .. } => {

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::budget::Lease;
 use crate::component_set::ComponentSet;
-use crate::error::{BoxError, SampleError};
+use crate::error::{BoxError, ErrorKind, SampleError, Verdict};
 use crate::source::stream_index;
+use crate::stage::RowFate;
 use crate::table::Table;
 
 use crate::engine::*;
@@ -163,7 +164,7 @@ impl Carry {
             return Ok(());
         }
         self.table.append(table).map_err(|cols| {
-            pipeline_error(format!(
+            SampleError::pipeline(format!(
                 "parts of one epoch hold different components: {cols}"
             ))
         })?;
@@ -194,6 +195,56 @@ impl Carry {
         let lease = self.lease.as_mut().map(|l| l.split(front.nbytes()));
         (front, lease)
     }
+}
+
+/// Opens `shards` as one reader that interleaves them, each open under the
+/// policy (retried, then skipped or stopping the group; a shard that cannot
+/// be opened is named by its first item's index and its path). `None` when
+/// none opened or the group must stop (`log.fail`).
+pub(crate) fn open_group(
+    shared: &Shared,
+    shards: &[usize],
+    seed: u64,
+    stats: &mut LocalStats,
+    log: &mut TaskLog,
+) -> Option<Box<dyn ShardReader>> {
+    let ErasedSource::Iter { key, open, .. } = &shared.source else {
+        return None;
+    };
+    let policy = shared.cfg.policy;
+    let mut reader: Option<Box<dyn ShardReader>> = None;
+    for &shard in shards {
+        let mut failures = 0;
+        loop {
+            match open(shard, shared.cfg.shuffle_buffer, seed) {
+                Ok(r) => {
+                    match &mut reader {
+                        Some(base) => base.merge(r.into_any()),
+                        None => reader = Some(r),
+                    }
+                    break;
+                }
+                Err(e) => {
+                    failures += 1;
+                    let err = || {
+                        SampleError::new(
+                            Some(stream_index(shard, 0)),
+                            Some(key(shard)),
+                            "source",
+                            ErrorKind::Failed(crate::error::error_chain(e.as_ref())),
+                            failures,
+                        )
+                    };
+                    match settle(stats, log, 0, policy.verdict(failures), err) {
+                        RowFate::Retry => continue,
+                        RowFate::Skip => break,
+                        RowFate::Stop => return None,
+                    }
+                }
+            }
+        }
+    }
+    reader
 }
 
 /// The seed of a shard group's shuffle buffer: drawn from its first shard.
@@ -302,20 +353,20 @@ impl Worker {
     ) -> Result<(Table, Lease), SampleError> {
         let shared = Arc::clone(&self.shared);
         let (
-            ErasedSource::Iter { key, open, .. },
+            ErasedSource::Iter { .. },
             Work::Iter {
                 order, interleave, ..
             },
         ) = (&shared.source, &run.work)
         else {
-            return Err(pipeline_error(
+            return Err(SampleError::pipeline(
                 "only iterable sources hold parts back".into(),
             ));
         };
         let g = (*interleave).max(1);
         let lo = usize::try_from(t).unwrap_or(usize::MAX).saturating_mul(g);
         if lo >= order.len() {
-            return Err(pipeline_error(format!(
+            return Err(SampleError::pipeline(format!(
                 "the saved state holds back a part of shard group {t}, but this epoch has {} groups",
                 order.len().div_ceil(g)
             )));
@@ -323,34 +374,12 @@ impl Worker {
         let shards = &order[lo..(lo + g).min(order.len())];
         let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
         let policy = shared.cfg.policy;
-        let mut reader: Option<Box<dyn ShardReader>> = None;
-        for &shard in shards {
-            let mut attempt = 0;
-            let opened = loop {
-                match open(shard, shared.cfg.shuffle_buffer, seed) {
-                    Ok(r) => break Some(r),
-                    Err(_) if attempt < policy.attempts() => {
-                        attempt += 1;
-                        std::thread::sleep(policy.backoff(attempt));
-                    }
-                    // Skipped in the run that saved the state, too.
-                    Err(_) if policy.skips() => break None,
-                    Err(e) => {
-                        return Err(SampleError::from_box(
-                            Some(stream_index(shard, 0)),
-                            Some(key(shard)),
-                            "source",
-                            &e,
-                        ))
-                    }
-                }
-            };
-            if let Some(r) = opened {
-                match &mut reader {
-                    Some(base) => base.merge(r.into_any()),
-                    None => reader = Some(r),
-                }
-            }
+        // A shard skipped here was skipped (and reported) in the run that
+        // saved the state, too: this log is not reported again.
+        let mut log = TaskLog::default();
+        let reader = open_group(&shared, shards, seed, &mut self.stats, &mut log);
+        if let Some(e) = log.fail {
+            return Err(e);
         }
         let bs = shared.cfg.batch_size;
         let Some(mut reader) = reader else {
@@ -359,13 +388,13 @@ impl Worker {
         for _ in 0..part {
             let (_, _, done) = reader.next_part(bs);
             if done {
-                return Err(pipeline_error(format!(
+                return Err(SampleError::pipeline(format!(
                     "the saved state holds back part {part} of shard group {t}, which has fewer parts"
                 )));
             }
         }
         let (table, errs, _) = reader.next_part(bs);
-        if !policy.skips() {
+        if policy.final_verdict() == Verdict::Stop {
             if let Some((idx, e)) = errs.into_iter().next() {
                 return Err(SampleError::from_box(
                     Some(idx),
@@ -389,7 +418,7 @@ impl Worker {
         let first = job.run.start.0;
         let run = &job.run;
         let shared = Arc::clone(&self.shared);
-        let ErasedSource::Iter { key, open, .. } = &shared.source else {
+        let ErasedSource::Iter { .. } = &shared.source else {
             return;
         };
         let bs = shared.cfg.batch_size;
@@ -418,48 +447,8 @@ impl Worker {
             self.meter_begin();
             let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
-            let mut reader: Option<Box<dyn ShardReader>> = None;
             let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
-            for &shard in shards {
-                for attempt in 0..=policy.attempts() {
-                    match open(shard, shared.cfg.shuffle_buffer, seed) {
-                        Ok(r) => {
-                            match &mut reader {
-                                Some(base) => base.merge(r.into_any()),
-                                None => reader = Some(r),
-                            }
-                            break;
-                        }
-                        Err(e) => {
-                            self.stats.errors[0] += 1;
-                            if attempt < policy.attempts() {
-                                log.retries += 1;
-                                self.stats.retries[0] += 1;
-                                std::thread::sleep(policy.backoff(attempt + 1));
-                                continue;
-                            }
-                            // A shard that cannot be opened is named by its
-                            // first item's index and its path.
-                            let mut err = SampleError::from_box(
-                                Some(stream_index(shard, 0)),
-                                Some(key(shard)),
-                                "source",
-                                &e,
-                            );
-                            err.attempts = attempt + 1;
-                            if policy.skips() {
-                                self.stats.skipped[0] += 1;
-                                log.skipped.push(err);
-                            } else {
-                                log.fail = Some(err);
-                            }
-                        }
-                    }
-                }
-                if log.fail.is_some() {
-                    break;
-                }
-            }
+            let reader = open_group(&shared, shards, seed, &mut self.stats, &mut log);
             let Some(mut reader) = reader.filter(|_| log.fail.is_none()) else {
                 let msg = TaskMsg {
                     key: Key { major: t, minor: 0 },
@@ -508,16 +497,12 @@ impl Worker {
                 self.stats.samples[0] += table.len() as u64;
                 let mut failed = false;
                 for (idx, e) in errs {
-                    self.stats.errors[0] += 1;
-                    let err =
-                        SampleError::from_box(Some(idx), shared.source.key_of(idx), "source", &e);
-                    if policy.skips() {
-                        self.stats.skipped[0] += 1;
-                        log.skipped.push(err);
-                    } else {
-                        log.fail.get_or_insert(err);
-                        failed = true;
-                    }
+                    // An item the shard could not yield cannot be retried.
+                    let err = || {
+                        SampleError::from_box(Some(idx), shared.source.key_of(idx), "source", &e)
+                    };
+                    let fate = settle(&mut self.stats, &mut log, 0, policy.final_verdict(), err);
+                    failed |= matches!(fate, RowFate::Stop);
                 }
                 if failed {
                     table.truncate(0);
