@@ -37,7 +37,7 @@ fn eight_pipelines_share_a_source_without_deadlock_within_budget() {
         .unwrap_or(120);
     const SAMPLE: usize = 16 << 10;
     let source = Arc::new(FnSource::new(20_000, |i| {
-        Ok::<_, BoxError>(Blob(vec![(i % 251) as u8; SAMPLE]))
+        Ok(Blob(vec![(i % 251) as u8; SAMPLE]))
     }));
     let progress = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -56,7 +56,7 @@ fn eight_pipelines_share_a_source_without_deadlock_within_budget() {
                         if ctx.index() % 97 == k {
                             std::thread::sleep(Duration::from_millis(2));
                         }
-                        Ok::<_, BoxError>(Blob(b.0.iter().map(|x| x.wrapping_add(1)).collect()))
+                        Ok(Blob(b.0.iter().map(|x| x.wrapping_add(1)).collect()))
                     },
                 )
                 .batch_size(16 + 8 * k as usize)

@@ -48,7 +48,7 @@ fn build(spec: Spec, workers: Option<&[usize]>, autotune: bool) -> Pipeline {
                     std::thread::sleep(Duration::from_micros(blocked));
                 }
                 spin(Duration::from_micros(cpu));
-                Ok::<_, BoxError>(x)
+                Ok(x)
             },
         );
     }

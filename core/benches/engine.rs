@@ -32,9 +32,9 @@ impl Collatable for Val {
 fn ferrofeed(batch: usize, metrics: bool) -> Pipeline {
     let w = StageOptions::new().workers(Parallelism::Fixed(WORKERS));
     Pipeline::builder(FnSource::new(N, |i| Ok(Val(i))))
-        .map_with("a", w, |v: Val, _: &StageCtx| Ok::<_, BoxError>(v))
-        .map_with("b", w, |v: Val, _: &StageCtx| Ok::<_, BoxError>(v))
-        .map_with("c", w, |v: Val, _: &StageCtx| Ok::<_, BoxError>(v))
+        .map_with("a", w, |v: Val, _: &StageCtx| Ok(v))
+        .map_with("b", w, |v: Val, _: &StageCtx| Ok(v))
+        .map_with("c", w, |v: Val, _: &StageCtx| Ok(v))
         .batch_size(batch)
         .metrics(metrics)
         .collate(StackCollate::new().column::<Val>("v"))

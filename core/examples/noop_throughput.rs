@@ -32,9 +32,9 @@ fn main() {
     let n: u64 = 2_000_000;
     let w = StageOptions::new().workers(Parallelism::Fixed(2));
     let p = Pipeline::builder(FnSource::new(n, |i| Ok(Val(i))))
-        .map_with("a", w, |v: Val, _: &StageCtx| Ok::<_, BoxError>(v))
-        .map_with("b", w, |v: Val, _: &StageCtx| Ok::<_, BoxError>(v))
-        .map_with("c", w, |v: Val, _: &StageCtx| Ok::<_, BoxError>(v))
+        .map_with("a", w, |v: Val, _: &StageCtx| Ok(v))
+        .map_with("b", w, |v: Val, _: &StageCtx| Ok(v))
+        .map_with("c", w, |v: Val, _: &StageCtx| Ok(v))
         .batch_size(batch)
         .collate(StackCollate::new().column::<Val>("v"))
         .build()

@@ -26,9 +26,9 @@
 //! let p = Pipeline::builder(FnSource::new(2000, |i| Ok(i as i64)))
 //!     .map("fetch", |x: i64, _: &StageCtx| {
 //!         std::thread::sleep(std::time::Duration::from_micros(50)); // I/O-like
-//!         Ok::<_, BoxError>(x)
+//!         Ok(x)
 //!     })
-//!     .map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x * 2))
+//!     .map("work", |x: i64, _: &StageCtx| Ok(x * 2))
 //!     .batch_size(16)
 //!     .autotune(true)
 //!     .collate(StackCollate::new().column::<i64>("x"))

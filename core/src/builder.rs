@@ -9,7 +9,7 @@
 //! ```
 //! use ferrofeed_core::prelude::*;
 //! let err = Pipeline::builder(FnSource::new(4, |i| Ok(i)))
-//!     .map("parse", |s: String, _: &StageCtx| Ok::<_, BoxError>(s.len() as i64))
+//!     .map("parse", |s: String, _: &StageCtx| Ok(s.len() as i64))
 //!     .batch_size(2)
 //!     .collate(StackCollate::new().column::<i64>("len"))
 //!     .build()
@@ -23,12 +23,12 @@ use crate::budget::ByteBudget;
 use crate::collate::{BatchStage, Collate};
 use crate::component::ComponentId;
 use crate::component_set::ComponentSet;
-use crate::engine::{Config, ErasedSource, Shared, StageNode};
+use crate::engine::{check_flow, Config, ErasedSource, Shared, StageNode};
 use crate::error::{BoxError, BuildError, ErrorPolicy};
 use crate::pipeline::Pipeline;
 use crate::sampler::{BatchSampler, FixedBatches, Order, Shard};
 use crate::source::{IterableSource, Source};
-use crate::stage::{erase, FnStage, Parallelism, Stage, StageCtx, StageOptions};
+use crate::stage::{erase, FnStage, Stage, StageCtx, StageOptions};
 
 /// Builds a [`Pipeline`].
 pub struct PipelineBuilder {
@@ -37,6 +37,11 @@ pub struct PipelineBuilder {
     stages: Vec<StageNode>,
     collate: Option<Box<dyn Collate>>,
     sampler: Option<Box<dyn BatchSampler>>,
+    /// Whether the source is iterable (settings for the other kind are
+    /// refused by `build()`).
+    iterable: bool,
+    shuffle_buffer_set: bool,
+    interleave_set: bool,
     batch_size: usize,
     drop_last: bool,
     shuffle: bool,
@@ -65,22 +70,25 @@ pub const DEFAULT_MAX_BYTES_IN_FLIGHT: usize = 256 << 20;
 impl Pipeline {
     /// Starts a pipeline over a map-style source.
     pub fn builder<S: Source>(source: S) -> PipelineBuilder {
-        PipelineBuilder::new(ErasedSource::map(source), S::Output::ids())
+        PipelineBuilder::new(ErasedSource::map(source), S::Output::ids(), false)
     }
     /// Starts a pipeline over an iterable (sharded, streamed) source.
     pub fn builder_iterable<S: IterableSource>(source: S) -> PipelineBuilder {
-        PipelineBuilder::new(ErasedSource::iterable(source), S::Output::ids())
+        PipelineBuilder::new(ErasedSource::iterable(source), S::Output::ids(), true)
     }
 }
 
 impl PipelineBuilder {
-    fn new(source: ErasedSource, source_writes: Vec<ComponentId>) -> Self {
+    fn new(source: ErasedSource, source_writes: Vec<ComponentId>, iterable: bool) -> Self {
         PipelineBuilder {
             source,
             source_writes,
             stages: Vec::new(),
             collate: None,
             sampler: None,
+            iterable,
+            shuffle_buffer_set: false,
+            interleave_set: false,
             batch_size: 1,
             drop_last: false,
             shuffle: false,
@@ -121,24 +129,24 @@ impl PipelineBuilder {
         self
     }
 
-    /// Adds a closure stage: `|input: In, ctx: &StageCtx| -> Result<Out, E>`.
-    pub fn map<F, I, O, E>(self, name: &str, f: F) -> Self
+    /// Adds a closure stage: `|input: In, ctx: &StageCtx| -> Result<Out, BoxError>`
+    /// (`Ok(x)` needs no annotation; `?` converts any error). For another
+    /// error type, wrap the closure in [`FnStage`](crate::stage::FnStage).
+    pub fn map<F, I, O>(self, name: &str, f: F) -> Self
     where
-        F: Fn(I, &StageCtx) -> Result<O, E> + Send + Sync + 'static,
+        F: Fn(I, &StageCtx) -> Result<O, BoxError> + Send + Sync + 'static,
         I: ComponentSet,
         O: ComponentSet,
-        E: Into<BoxError> + 'static,
     {
         self.stage(name, FnStage::new(f))
     }
 
     /// Adds a closure stage with options.
-    pub fn map_with<F, I, O, E>(self, name: &str, opts: StageOptions, f: F) -> Self
+    pub fn map_with<F, I, O>(self, name: &str, opts: StageOptions, f: F) -> Self
     where
-        F: Fn(I, &StageCtx) -> Result<O, E> + Send + Sync + 'static,
+        F: Fn(I, &StageCtx) -> Result<O, BoxError> + Send + Sync + 'static,
         I: ComponentSet,
         O: ComponentSet,
-        E: Into<BoxError> + 'static,
     {
         self.stage_with(name, opts, FnStage::new(f))
     }
@@ -269,6 +277,7 @@ impl PipelineBuilder {
     /// seeded by `(seed, epoch, shard)` (default 0: stream order).
     pub fn shuffle_buffer(mut self, items: usize) -> Self {
         self.shuffle_buffer = items;
+        self.shuffle_buffer_set = true;
         self
     }
     /// For iterable sources: read `shards` shards together, one item from
@@ -279,6 +288,7 @@ impl PipelineBuilder {
     /// files of a few chunks) and batches should not end at every shard.
     pub fn interleave(mut self, shards: usize) -> Self {
         self.interleave = shards.max(1);
+        self.interleave_set = true;
         self
     }
 
@@ -295,54 +305,35 @@ impl PipelineBuilder {
         if self.prefetch == Some(0) {
             return Err(BuildError::Invalid("prefetch must be at least 1".into()));
         }
-        let collate = self.collate.ok_or(BuildError::NoCollate)?;
-        // Component flow: what is available before each stage.
-        let mut available: Vec<(ComponentId, String)> = self
-            .source_writes
-            .iter()
-            .map(|c| (*c, "source".to_string()))
-            .collect();
-        let mut consumed: Vec<(ComponentId, String)> = Vec::new();
-        let mut names: Vec<&str> = Vec::new();
-        let check = |stage: &str,
-                     reads: &[ComponentId],
-                     available: &[(ComponentId, String)],
-                     consumed: &[(ComponentId, String)]|
-         -> Result<(), BuildError> {
-            for r in reads {
-                if !available.iter().any(|(c, _)| c == r) {
-                    let reason = match consumed.iter().rev().find(|(c, _)| c == r) {
-                        Some((_, by)) => format!("stage `{by}` already consumed"),
-                        None => "neither the source nor an earlier stage writes".to_string(),
-                    };
-                    return Err(BuildError::MissingComponent {
-                        stage: stage.to_string(),
-                        component: r.short_name().to_string(),
-                        reason,
-                    });
-                }
-            }
-            Ok(())
+        // A setting the source kind cannot use is an error, not ignored.
+        let misplaced = if self.iterable {
+            self.sampler.is_some().then_some((
+                "batch_sampler",
+                "iterable",
+                "an iterable source's order comes from its shards: use shuffle_buffer and interleave",
+            ))
+        } else if self.shuffle_buffer_set || self.interleave_set {
+            Some((
+                if self.shuffle_buffer_set {
+                    "shuffle_buffer"
+                } else {
+                    "interleave"
+                },
+                "map-style",
+                "a map-style source is shuffled by its batch sampler (shuffle, batch_sampler)",
+            ))
+        } else {
+            None
         };
-        for st in &self.stages {
-            if names.contains(&st.name.as_str()) || st.name == "source" || st.name == "collate" {
-                return Err(BuildError::DuplicateStage(st.name.clone()));
-            }
-            names.push(&st.name);
-            if st.opts.workers == Parallelism::Fixed(0) {
-                return Err(BuildError::ZeroWorkers(st.name.clone()));
-            }
-            check(&st.name, &st.reads, &available, &consumed)?;
-            for r in &st.reads {
-                available.retain(|(c, _)| c != r);
-                consumed.push((*r, st.name.clone()));
-            }
-            for w in &st.writes {
-                available.retain(|(c, _)| c != w);
-                available.push((*w, st.name.clone()));
-            }
+        if let Some((setting, kind, hint)) = misplaced {
+            return Err(BuildError::NotForSource {
+                setting,
+                kind,
+                hint,
+            });
         }
-        check("collate", &collate.reads(), &available, &consumed)?;
+        let collate = self.collate.ok_or(BuildError::NoCollate)?;
+        check_flow(&self.source_writes, &self.stages, &collate.reads())?;
 
         let cpus = self.cpus.unwrap_or_else(available_cpus).max(1);
         let sampler: Box<dyn BatchSampler> = match self.sampler {

@@ -287,6 +287,16 @@ pub enum BuildError {
     /// Two stages share a name.
     #[error("two stages are named `{0}`: stage names must be unique")]
     DuplicateStage(String),
+    /// A setting the source kind cannot use.
+    #[error("`{setting}` does not apply to a {kind} source: {hint}")]
+    NotForSource {
+        /// The builder setting.
+        setting: &'static str,
+        /// `map-style` or `iterable`.
+        kind: &'static str,
+        /// What to use instead.
+        hint: &'static str,
+    },
     /// A byte budget of zero.
     #[error("max_bytes_in_flight must be at least 1 byte")]
     ZeroBudget,

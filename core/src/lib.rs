@@ -22,7 +22,7 @@
 //!
 //! let source = FnSource::new(100, |i| Ok(Value(i)));
 //! let pipeline = Pipeline::builder(source)
-//!     .map("double", |v: Value, _ctx: &StageCtx| Ok::<_, BoxError>(Value(v.0 * 2)))
+//!     .map("double", |v: Value, _ctx: &StageCtx| Ok(Value(v.0 * 2)))
 //!     .batch_size(10)
 //!     .collate(StackCollate::new().column::<Value>("values"))
 //!     .build()
@@ -71,7 +71,7 @@ pub use sampler::{
 };
 pub use source::{FnSource, IterableSource, Source};
 pub use stage::{Parallelism, Stage, StageCtx, StageOptions};
-pub use state::{PipelineState, ResumeError};
+pub use state::{PipelineState, Position, ResumeError};
 pub use stop::StopHandle;
 pub use table::{BatchRows, Table};
 

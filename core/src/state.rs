@@ -30,6 +30,45 @@ use serde::{Deserialize, Serialize};
 /// The format tag written into every state.
 pub const FORMAT: &str = "ferrofeed-state-v1";
 
+/// Where an epoch goes on: `major` is the next plan batch (map-style
+/// sources) or shard group position (iterable), `minor` the next part of
+/// that group (0 for map-style). Saved as `[major, minor]`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(from = "(u64, u64)", into = "(u64, u64)")]
+pub struct Position {
+    /// Plan batch, or shard group position.
+    pub major: u64,
+    /// Part of the shard group (iterable sources).
+    pub minor: u64,
+}
+
+impl Position {
+    /// `(major, minor)`.
+    pub const fn new(major: u64, minor: u64) -> Self {
+        Position { major, minor }
+    }
+}
+
+impl From<(u64, u64)> for Position {
+    fn from((major, minor): (u64, u64)) -> Self {
+        Position { major, minor }
+    }
+}
+
+impl From<Position> for (u64, u64) {
+    fn from(p: Position) -> Self {
+        (p.major, p.minor)
+    }
+}
+
+impl PartialEq<(u64, u64)> for Position {
+    fn eq(&self, other: &(u64, u64)) -> bool {
+        (self.major, self.minor) == *other
+    }
+}
+
 /// A resumable position.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,7 +81,7 @@ pub struct PipelineState {
     pub epoch: u64,
     /// `[next plan batch, 0]` (map-style) or `[shard group position, next part]`
     /// (iterable).
-    pub position: (u64, u64),
+    pub position: Position,
     /// Length of a map-style dataset.
     pub dataset_len: Option<u64>,
     /// Shard count of an iterable dataset.

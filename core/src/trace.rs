@@ -8,7 +8,7 @@
 //! ```
 //! use ferrofeed_core::prelude::*;
 //! let p = Pipeline::builder(FnSource::new(10, |i| Ok(i as i64)))
-//!     .map("inc", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x + 1))
+//!     .map("inc", |x: i64, _: &StageCtx| Ok(x + 1))
 //!     .batch_size(5)
 //!     .trace(10_000)
 //!     .collate(StackCollate::new().column::<i64>("x"))

@@ -28,11 +28,11 @@ fn pipeline(n: u64, autotune: bool, fetch_us: u64) -> Pipeline {
     Pipeline::builder(FnSource::new(n, |i| Ok(i as i64)))
         .map("fetch", move |x: i64, _: &StageCtx| {
             std::thread::sleep(Duration::from_micros(fetch_us));
-            Ok::<_, BoxError>(x)
+            Ok(x)
         })
         .map("work", |x: i64, _: &StageCtx| {
             spin(Duration::from_micros(20));
-            Ok::<_, BoxError>(x * 3)
+            Ok(x * 3)
         })
         .batch_size(8)
         .shuffle(true)
@@ -105,11 +105,11 @@ fn counts_follow_costs_that_drift() {
             if s.load(Ordering::Relaxed) == 1 {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Ok::<_, BoxError>(x)
+            Ok(x)
         })
         .map("work", |x: i64, _: &StageCtx| {
             spin(Duration::from_micros(200));
-            Ok::<_, BoxError>(x)
+            Ok(x)
         })
         .batch_size(4)
         .autotune(true)
@@ -151,8 +151,7 @@ fn iterable_sources_and_early_drop() {
         }
     }
     let before = ff_threads();
-    let p =
-        Pipeline::builder_iterable(Shards).map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x));
+    let p = Pipeline::builder_iterable(Shards).map("work", |x: i64, _: &StageCtx| Ok(x));
     let p = tuned(p, 16);
     for epoch in 0..2 {
         let mut all = batches(&p, epoch).concat();
@@ -182,7 +181,7 @@ fn a_failing_sample_stops_the_epoch_and_the_next_one_runs() {
             }
             Ok(x)
         })
-        .map("work", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x));
+        .map("work", |x: i64, _: &StageCtx| Ok(x));
     let p = tuned(p, 4);
     let err = p.epoch(0).find_map(|b| b.err()).expect("epoch 0 fails");
     assert_eq!(err.index, Some(211));

@@ -85,12 +85,12 @@ fn run(
         .map_with(
             "check",
             StageOptions::new().workers(first),
-            |s: Small, _: &StageCtx| Ok::<_, BoxError>(s),
+            |s: Small, _: &StageCtx| Ok(s),
         )
         .map_with(
             "inflate",
             StageOptions::new().workers(second),
-            move |s: Small, _: &StageCtx| Ok::<_, BoxError>(Blob(vec![s.0 as u8; size])),
+            move |s: Small, _: &StageCtx| Ok(Blob(vec![s.0 as u8; size])),
         )
         .batch_size(batch)
         .cpus(3)

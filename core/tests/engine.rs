@@ -47,7 +47,7 @@ fn collect_all(p: &Pipeline, epoch: u64) -> Vec<i64> {
 fn builder_rejects_a_stage_reading_a_missing_component() {
     let err = Pipeline::builder(vals(4))
         .map("needs_blob", |b: Blob, _: &StageCtx| {
-            Ok::<_, BoxError>(Val(b.0.len() as i64))
+            Ok(Val(b.0.len() as i64))
         })
         .collate(StackCollate::new().column::<Val>("v"))
         .build()
@@ -66,9 +66,7 @@ fn builder_rejects_a_stage_reading_a_missing_component() {
 #[test]
 fn builder_rejects_reading_a_consumed_component() {
     let err = Pipeline::builder(vals(4))
-        .map("to_blob", |v: Val, _: &StageCtx| {
-            Ok::<_, BoxError>(Blob(vec![v.0 as u8]))
-        })
+        .map("to_blob", |v: Val, _: &StageCtx| Ok(Blob(vec![v.0 as u8])))
         .batch_size(2)
         .collate(StackCollate::new().column::<Val>("v"))
         .build()
@@ -93,7 +91,7 @@ fn builder_rejects_bad_options() {
         .map_with(
             "s",
             StageOptions::new().workers(Parallelism::Fixed(0)),
-            |v: Val, _: &StageCtx| Ok::<_, BoxError>(v),
+            |v: Val, _: &StageCtx| Ok(v),
         )
         .collate(c())
         .build()
@@ -119,7 +117,7 @@ fn jittery(workers: usize, seed: u64, shuffle: bool) -> Pipeline {
             // Pseudo-random per-sample delays scramble completion order.
             let us = ferrofeed_core::rng::derive_seed(&[v.0 as u64, tag, ctx.epoch()]) % 300;
             std::thread::sleep(Duration::from_micros(us));
-            Ok::<_, BoxError>(Val(v.0 * 3 + 1))
+            Ok(Val(v.0 * 3 + 1))
         }
     };
     Pipeline::builder(vals(400))
@@ -131,7 +129,7 @@ fn jittery(workers: usize, seed: u64, shuffle: bool) -> Pipeline {
         .map_with(
             "b",
             StageOptions::new().workers(Parallelism::Fixed(1)),
-            |v: Val, _: &StageCtx| Ok::<_, BoxError>(Val(v.0 - 1)),
+            |v: Val, _: &StageCtx| Ok(Val(v.0 - 1)),
         )
         .map_with(
             "c",
@@ -181,7 +179,7 @@ fn unordered_mode_delivers_every_sample_once() {
             StageOptions::new().workers(Parallelism::Fixed(4)),
             |v: Val, _: &StageCtx| {
                 std::thread::sleep(Duration::from_micros((v.0 as u64 * 7919) % 200));
-                Ok::<_, BoxError>(v)
+                Ok(v)
             },
         )
         .batch_size(5)
@@ -203,7 +201,7 @@ fn byte_budget_bounds_what_is_in_flight() {
         .map_with(
             "inflate",
             StageOptions::new().workers(Parallelism::Fixed(4)),
-            |v: Val, _: &StageCtx| Ok::<_, BoxError>(Blob(vec![v.0 as u8; SAMPLE])),
+            |v: Val, _: &StageCtx| Ok(Blob(vec![v.0 as u8; SAMPLE])),
         )
         .batch_size(4)
         .min_task_samples(1)
@@ -236,7 +234,7 @@ fn byte_budget_bounds_what_is_in_flight() {
 fn a_budget_smaller_than_one_batch_still_progresses() {
     let p = Pipeline::builder(vals(20))
         .map("inflate", |v: Val, _: &StageCtx| {
-            Ok::<_, BoxError>(Blob(vec![v.0 as u8; 1000]))
+            Ok(Blob(vec![v.0 as u8; 1000]))
         })
         .batch_size(5)
         .max_bytes_in_flight(10)
@@ -303,7 +301,7 @@ fn skip_policy_reports_every_skipped_sample() {
             if v.0 == 60 {
                 Err("stage rejects 60".into())
             } else {
-                Ok::<_, BoxError>(v)
+                Ok(v)
             }
         })
         .batch_size(8)
@@ -351,7 +349,7 @@ fn retry_recovers_transient_failures_and_counts_them() {
                 if v.0 % 5 == 0 && ctx.attempt() < 2 {
                     Err(format!("transient failure on {}", v.0).into())
                 } else {
-                    Ok::<_, BoxError>(v)
+                    Ok(v)
                 }
             },
         )
@@ -373,7 +371,7 @@ fn retries_exhausted_then_skip() {
             if v.0 == 4 {
                 Err("always broken".into())
             } else {
-                Ok::<_, BoxError>(v)
+                Ok(v)
             }
         })
         .on_error("retry:2:skip".parse().unwrap())
@@ -396,7 +394,7 @@ fn a_panicking_stage_becomes_an_error_naming_it() {
             if v.0 == 17 {
                 panic!("boom at 17");
             }
-            Ok::<_, BoxError>(v)
+            Ok(v)
         })
         .batch_size(5)
         .collate(StackCollate::new().column::<Val>("v"))
@@ -423,7 +421,7 @@ fn a_stage_that_blocks_forever_times_out_with_its_name() {
                     // Blocks far longer than any test; the engine must not wait.
                     std::thread::sleep(Duration::from_secs(3600));
                 }
-                Ok::<_, BoxError>(v)
+                Ok(v)
             },
         )
         .batch_size(2)
@@ -461,7 +459,7 @@ fn collate_errors_name_the_sample_and_skip_drops_only_it() {
     let p = Pipeline::builder(vals(12))
         .map("size", |v: Val, _: &StageCtx| {
             let n = if v.0 == 5 { 3 } else { 2 };
-            Ok::<_, BoxError>(Blob(vec![0; n]))
+            Ok(Blob(vec![0; n]))
         })
         .batch_size(4)
         .on_error(ErrorPolicy::Skip)
@@ -481,9 +479,7 @@ fn collate_errors_name_the_sample_and_skip_drops_only_it() {
 #[test]
 fn inspect_pulls_one_sample_through_every_stage() {
     let p = Pipeline::builder(Keyed(vals(50)))
-        .map("double", |v: Val, _: &StageCtx| {
-            Ok::<_, BoxError>(Val(v.0 * 2))
-        })
+        .map("double", |v: Val, _: &StageCtx| Ok(Val(v.0 * 2)))
         .batch_size(4)
         .collate(StackCollate::new().column::<Val>("v"))
         .build()
@@ -532,7 +528,7 @@ fn iterable_sources_read_each_element_once_into_full_batches() {
         .map_with(
             "id",
             StageOptions::new().workers(Parallelism::Fixed(workers)),
-            |v: Val, _: &StageCtx| Ok::<_, BoxError>(v),
+            |v: Val, _: &StageCtx| Ok(v),
         )
         .batch_size(5)
         .collate(StackCollate::new().column::<Val>("v"))
@@ -575,7 +571,7 @@ fn a_single_shard_keeps_every_worker_busy() {
                 std::thread::sleep(Duration::from_micros(500));
                 let name = std::thread::current().name().unwrap_or("").to_string();
                 seen.lock().unwrap().insert(name);
-                Ok::<_, BoxError>(v)
+                Ok(v)
             },
         )
         .batch_size(4)
@@ -684,7 +680,7 @@ fn interleaved_shards_fill_batches_across_shards() {
         .map_with(
             "id",
             StageOptions::new().workers(Parallelism::Fixed(workers)),
-            |v: Val, _: &StageCtx| Ok::<_, BoxError>(v),
+            |v: Val, _: &StageCtx| Ok(v),
         )
         .interleave(4)
         .shuffle(true)
@@ -760,4 +756,50 @@ fn interleaved_shards_fill_batches_across_shards() {
         .find_map(Result::err)
         .expect("the broken shard fails the epoch");
     assert!(e.to_string().contains("shard-2"), "{e}");
+}
+
+#[test]
+fn settings_for_the_other_source_kind_are_refused_by_name() {
+    let err = Pipeline::builder(vals(10))
+        .shuffle_buffer(8)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`shuffle_buffer`") && err.contains("map-style"),
+        "{err}"
+    );
+    let err = Pipeline::builder(vals(10))
+        .interleave(2)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`interleave`"), "{err}");
+    let err = Pipeline::builder_iterable(Ranges {
+        shards: 2,
+        per: 3,
+        broken: None,
+    })
+    .batch_sampler(ferrofeed_core::FixedBatches {
+        order: Order::Sequential,
+        batch_size: 2,
+        drop_last: false,
+    })
+    .collate(StackCollate::new().column::<Val>("v"))
+    .build()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("`batch_sampler`") && err.contains("iterable"),
+        "{err}"
+    );
+    // A closure stage needs no annotation of its error type.
+    let p = Pipeline::builder(vals(4))
+        .map("inc", |v: Val, _: &StageCtx| Ok(Val(v.0 + 1)))
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    assert_eq!(collect_all(&p, 0), [1, 2, 3, 4]);
 }

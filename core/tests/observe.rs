@@ -31,14 +31,14 @@ fn stage_reports_name_the_busy_stage() {
         .map_with(
             "cheap",
             StageOptions::new().workers(Parallelism::Fixed(2)),
-            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+            |x: i64, _: &StageCtx| Ok(x),
         )
         .map_with(
             "costly",
             StageOptions::new().workers(Parallelism::Fixed(2)),
             |x: i64, _: &StageCtx| {
                 std::thread::sleep(Duration::from_micros(300));
-                Ok::<_, BoxError>(x)
+                Ok(x)
             },
         )
         .batch_size(8)
@@ -75,7 +75,7 @@ fn cpu_share_tells_a_waiting_stage_from_a_working_one() {
                     } else {
                         std::thread::sleep(Duration::from_micros(500));
                     }
-                    Ok::<_, BoxError>(x)
+                    Ok(x)
                 },
             )
             .batch_size(8)
@@ -113,7 +113,7 @@ fn a_slow_consumer_is_named_as_the_bottleneck() {
         .map_with(
             "fast",
             StageOptions::new().workers(Parallelism::Fixed(2)),
-            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+            |x: i64, _: &StageCtx| Ok(x),
         )
         .batch_size(4)
         .min_task_samples(1)
@@ -135,14 +135,14 @@ fn queue_fill_is_reported_for_split_segments() {
         .map_with(
             "a",
             StageOptions::new().workers(Parallelism::Fixed(2)),
-            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+            |x: i64, _: &StageCtx| Ok(x),
         )
         .map_with(
             "b",
             StageOptions::new().workers(Parallelism::Fixed(1)),
             |x: i64, _: &StageCtx| {
                 std::thread::sleep(Duration::from_micros(200));
-                Ok::<_, BoxError>(x)
+                Ok(x)
             },
         )
         .batch_size(5)
@@ -178,7 +178,7 @@ fn the_timeline_shows_queues_filling_over_time() {
         .map_with(
             "a",
             StageOptions::new().workers(Parallelism::Fixed(2)),
-            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+            |x: i64, _: &StageCtx| Ok(x),
         )
         .map_with(
             "b",
@@ -187,7 +187,7 @@ fn the_timeline_shows_queues_filling_over_time() {
                 if ctx.epoch() == 0 {
                     std::thread::sleep(Duration::from_micros(800));
                 }
-                Ok::<_, BoxError>(x)
+                Ok(x)
             },
         )
         .batch_size(5)
@@ -260,9 +260,7 @@ fn soak_fifty_epochs_of_persistent_pools_do_not_grow_memory() {
         .map_with(
             "touch",
             StageOptions::new().workers(Parallelism::Fixed(2)),
-            |v: Vec<u8>, _: &StageCtx| {
-                Ok::<_, BoxError>(v.iter().map(|x| x.wrapping_add(1)).collect::<Vec<u8>>())
-            },
+            |v: Vec<u8>, _: &StageCtx| Ok(v.iter().map(|x| x.wrapping_add(1)).collect::<Vec<u8>>()),
         )
         .batch_size(64)
         .shuffle(true)

@@ -20,7 +20,7 @@ fn run(
             move |x: i64, _: &StageCtx| {
                 let d = d1[x as usize % d1.len()];
                 std::thread::sleep(Duration::from_micros(u64::from(d)));
-                Ok::<_, BoxError>(x * 10)
+                Ok(x * 10)
             },
         )
         .map_with(
@@ -28,7 +28,7 @@ fn run(
             StageOptions::new().workers(Parallelism::Fixed(workers.1)),
             move |x: i64, ctx: &StageCtx| {
                 use rand::Rng;
-                Ok::<_, BoxError>(x + ctx.rng().random_range(0..5))
+                Ok(x + ctx.rng().random_range(0..5))
             },
         )
         .batch_size(batch)

@@ -22,7 +22,7 @@ fn pipeline(
         .map_with(
             "id",
             StageOptions::new().workers(Parallelism::Fixed(workers)),
-            |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+            |x: i64, _: &StageCtx| Ok(x),
         )
         .batch_size(batch)
         .min_task_samples(1)
@@ -272,7 +272,7 @@ fn iterable(
     .map_with(
         "id",
         StageOptions::new().workers(Parallelism::Fixed(workers)),
-        |x: i64, _: &StageCtx| Ok::<_, BoxError>(x),
+        |x: i64, _: &StageCtx| Ok(x),
     )
     .batch_size(3)
     .shuffle(true)

@@ -52,12 +52,12 @@ fn early_drop_and_a_hundred_epochs_reuse_the_pools() {
         .map_with(
             "a",
             StageOptions::new().workers(Parallelism::Fixed(3)),
-            |v: Val, _: &StageCtx| Ok::<_, BoxError>(v),
+            |v: Val, _: &StageCtx| Ok(v),
         )
         .map_with(
             "b",
             StageOptions::new().workers(Parallelism::Fixed(2)),
-            |v: Val, _: &StageCtx| Ok::<_, BoxError>(Val(v.0 + 1)),
+            |v: Val, _: &StageCtx| Ok(Val(v.0 + 1)),
         )
         .batch_size(3)
         .min_task_samples(1)
@@ -107,7 +107,7 @@ fn dropping_the_pipeline_joins_every_thread_quickly() {
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Ok::<_, BoxError>(v)
+                Ok(v)
             },
         )
         .batch_size(2)
@@ -195,7 +195,7 @@ fn misbehaving_stages_and_consumers_never_hang_and_leave_no_thread() {
                     if v.0 % 1000 == 7 {
                         panic!("boom at {}", v.0);
                     }
-                    Ok::<_, BoxError>(v)
+                    Ok(v)
                 },
             )
             .batch_size(16)
@@ -222,7 +222,7 @@ fn misbehaving_stages_and_consumers_never_hang_and_leave_no_thread() {
                     if v.0 == 42 {
                         let _ = blocked.lock_unpoisoned().recv();
                     }
-                    Ok::<_, BoxError>(v)
+                    Ok(v)
                 },
             )
             .batch_size(4)

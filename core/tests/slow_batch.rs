@@ -34,7 +34,7 @@ fn a_batch_far_slower_than_usual_is_reported() {
                 StageOptions::new().workers(Parallelism::Fixed(1)),
                 |x: i64, _: &StageCtx| {
                     std::thread::sleep(Duration::from_millis(if x == 30 { 400 } else { 2 }));
-                    Ok::<_, BoxError>(x)
+                    Ok(x)
                 },
             )
             .batch_size(1)

@@ -27,7 +27,7 @@ fn pipeline(iterable: bool, slow: Duration) -> Pipeline {
     };
     b.map("slow", move |x: i64, _: &StageCtx| {
         std::thread::sleep(slow);
-        Ok::<_, BoxError>(x)
+        Ok(x)
     })
     .batch_size(8)
     .shuffle(true)

@@ -18,11 +18,8 @@ use crate::table::Table;
 use crate::engine::*;
 use crate::sync::LockExt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Key {
-    pub(crate) major: u64,
-    pub(crate) minor: u64,
-}
+/// A task's key: the resume position it starts at.
+pub(crate) use crate::state::Position as Key;
 
 pub(crate) enum Work {
     Map {

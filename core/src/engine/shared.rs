@@ -114,39 +114,7 @@ impl Shared {
         cfg: Config,
         budget: Arc<ByteBudget>,
     ) -> Shared {
-        let mut segments: Vec<Segment> = Vec::new();
-        for (i, st) in stages.iter().enumerate() {
-            let tuned = cfg.autotune && st.opts.workers == crate::stage::Parallelism::Auto;
-            let w = if tuned {
-                cfg.autotune_max_workers
-            } else {
-                st.opts.workers.resolve(cfg.cpus)
-            };
-            match segments.last_mut() {
-                Some(seg) if cfg.fuse && !tuned && !seg.tuned && seg.workers == w => {
-                    seg.stages.end = i + 1
-                }
-                _ => segments.push(Segment {
-                    stages: i..i + 1,
-                    workers: w,
-                    tuned,
-                    first_slot: 0,
-                }),
-            }
-        }
-        if segments.is_empty() {
-            segments.push(Segment {
-                stages: 0..0,
-                workers: cfg.cpus,
-                tuned: false,
-                first_slot: 0,
-            });
-        }
-        let mut slot = 0;
-        for seg in &mut segments {
-            seg.first_slot = slot;
-            slot += seg.workers;
-        }
+        let segments = fuse(&stages, &cfg);
         // A tuned pool starts with one worker; the tuner sizes it within
         // its first interval.
         let active = segments

@@ -4,7 +4,7 @@
 //! ```
 //! use ferrofeed_core::prelude::*;
 //! let p = Pipeline::builder(FnSource::new(10, |i| Ok(i as i64)))
-//!     .map("double", |x: i64, _: &StageCtx| Ok::<_, BoxError>(x * 2))
+//!     .map("double", |x: i64, _: &StageCtx| Ok(x * 2))
 //!     .collate(StackCollate::new().column::<i64>("x"))
 //!     .build()
 //!     .unwrap();

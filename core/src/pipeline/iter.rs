@@ -56,7 +56,7 @@ pub struct EpochIter<'p> {
     pub(crate) epoch: u64,
     /// Where the next batch starts: `(plan batch, 0)` or `(shard group position,
     /// part)`.
-    pub(crate) position: (u64, u64),
+    pub(crate) position: Key,
     /// With `position`: the short parts received but not yet delivered
     /// (iterable sources; see [`PipelineState::carry`]).
     ///
@@ -114,7 +114,7 @@ impl<'p> EpochIter<'p> {
             start: Instant::now(),
             batches_hint: None,
             epoch,
-            position: (0, 0),
+            position: Key::new(0, 0),
             position_carry: Vec::new(),
             carry: Carry::default(),
             local: Worker::new(
@@ -170,7 +170,7 @@ impl<'p> EpochIter<'p> {
     /// start once this one is complete).
     pub fn state(&self) -> crate::state::PipelineState {
         if self.finished && self.summary.completed {
-            return self.pipeline.state_at(self.epoch + 1, (0, 0));
+            return self.pipeline.state_at(self.epoch + 1, Key::default());
         }
         let mut state = self.pipeline.state_at(self.epoch, self.position);
         state.carry = self.position_carry.clone();
@@ -409,9 +409,9 @@ impl Iterator for EpochIter<'_> {
                     sink.flush(&mut ev);
                 }
                 self.position = if matches!(self.pipeline.shared.source, ErasedSource::Map { .. }) {
-                    (b.pos.0 + 1, 0)
+                    Key::new(b.pos.0 + 1, 0)
                 } else {
-                    (b.pos.0, b.pos.1 + 1)
+                    Key::new(b.pos.0, b.pos.1 + 1)
                 };
                 self.position_carry = carry_after;
                 self.summary.batches += 1;

@@ -20,7 +20,7 @@
 //! use ferrofeed_core::prelude::*;
 //! let p = Pipeline::builder(FnSource::new(1000, |i| Ok(i as i64)))
 //!     .map_with("slow", StageOptions::new().workers(Parallelism::Fixed(3)),
-//!         |x: i64, _: &StageCtx| Ok::<_, BoxError>(x + 1))
+//!         |x: i64, _: &StageCtx| Ok(x + 1))
 //!     .batch_size(32)
 //!     .shuffle(true)
 //!     .seed(1)
@@ -213,23 +213,23 @@ impl Pipeline {
         &self,
         state: &crate::state::PipelineState,
     ) -> Result<EpochIter<'_>, crate::state::ResumeError> {
-        state.check_against(&self.state_at(state.epoch, (0, 0)))?;
+        state.check_against(&self.state_at(state.epoch, Key::default()))?;
         if !state.carry.is_empty() && matches!(self.shared.source, ErasedSource::Map { .. }) {
             return Err(crate::state::ResumeError::Parse(
                 "field `carry` is for iterable sources; this one is map-style".into(),
             ));
         }
-        Ok(self.epoch_at(state.epoch, state.position, &state.carry))
+        Ok(self.epoch_at(state.epoch, state.position.into(), &state.carry))
     }
 
     /// The state at the start of `epoch` (what a run that stops before
     /// delivering anything saves).
     pub fn epoch_state_start(&self, epoch: u64) -> crate::state::PipelineState {
-        self.state_at(epoch, (0, 0))
+        self.state_at(epoch, Key::default())
     }
 
     /// The state of this pipeline at `(epoch, position)`.
-    pub(crate) fn state_at(&self, epoch: u64, position: (u64, u64)) -> crate::state::PipelineState {
+    pub(crate) fn state_at(&self, epoch: u64, position: Key) -> crate::state::PipelineState {
         let (dataset_len, dataset_shards) = match &self.shared.source {
             ErasedSource::Map { len, .. } => (Some(*len), None),
             ErasedSource::Iter { shards, .. } => (None, Some(*shards as u64)),
@@ -400,7 +400,7 @@ impl Pipeline {
             start,
             batches_hint,
             epoch,
-            position: begin,
+            position: begin.into(),
             position_carry: carry.to_vec(),
             carry: Carry::default(),
             local: Worker::new(Arc::clone(&self.shared), 0, self.shared.slots.len() - 1),
