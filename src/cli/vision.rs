@@ -12,7 +12,7 @@ use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOption
 use ferrofeed_stages::device::{PinMode, PinnedPool};
 use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
 use ferrofeed_vision::cache::ImageCache;
-use ferrofeed_vision::seek::ScanIndex;
+use ferrofeed_vision::jpeg::ScanIndex;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 use serde_json::json;
 

@@ -25,7 +25,7 @@ fn run(mode: &str, files: &[Vec<u8>]) -> f64 {
     // the index (a first epoch), `train-indexed` a second pass over images
     // the first pass marked (later epochs).
     let indexed = DecodeTransform {
-        seek: Some(ferrofeed_vision::seek::ScanIndex::new(64 << 20)),
+        seek: Some(ferrofeed_vision::jpeg::ScanIndex::new(64 << 20)),
         ..stage(Transform::train(224), false)
     };
     if mode == "train-indexed" {

@@ -189,8 +189,11 @@ fn decode_jpeg(bytes: &[u8], opts: &DecodeOptions) -> Result<Image, DecodeError>
     if opts.backend == Backend::Auto && crate::libjpeg::AVAILABLE {
         if let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? {
             check_pixels(u64::from(w), u64::from(h), opts.max_pixels)?;
-            if let Some(r) = crate::libjpeg::decode_region(bytes, 8, opts.fast, 0, 0, w, h)
-                .map_err(DecodeError::Jpeg)?
+            if let Some(r) = crate::libjpeg::decode_region(
+                bytes,
+                &crate::libjpeg::Request::new(0, 0, w, h).fast(opts.fast),
+            )
+            .map_err(DecodeError::Jpeg)?
             {
                 let img =
                     Image::new(r.info.width, r.info.height, r.data).map_err(DecodeError::Jpeg)?;

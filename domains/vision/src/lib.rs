@@ -6,7 +6,7 @@
 //! normalisation, and a collate that writes CHW rows straight into the batch.
 //! JPEG crops decode through libjpeg-turbo when present, and from the second
 //! epoch on only the MCUs they cover, found through a scan index of where
-//! each MCU starts (the [`seek`] module).
+//! each MCU starts (the [`jpeg`] module).
 //!
 //! ```
 //! use ferrofeed_core::prelude::*;
@@ -30,9 +30,9 @@
 pub mod cache;
 pub mod decode;
 pub mod image;
+pub mod jpeg;
 pub mod libjpeg;
 pub mod resample;
-pub mod seek;
 pub mod synth;
 pub mod transform;
 
@@ -43,7 +43,7 @@ pub use decode::{
 pub use image::{Image, NormalizedImage};
 pub use transform::{
     center_crop_box, eval_resize_size, random_resized_crop_box, resize_crop, CropBox,
-    DecodeTransform, Normalize, ResizeTo, Transform,
+    DecodeTransform, Normalize, Plan, ResizeTo, Transform,
 };
 
 use ferrofeed_core::StackCollate;

@@ -8,11 +8,12 @@
 //! [`AVAILABLE`] says whether it was.
 //!
 //! ```
+//! use ferrofeed_vision::libjpeg::Request;
 //! let jpeg = ferrofeed_vision::synth::jpeg(2, 3, 90).unwrap();
 //! if ferrofeed_vision::libjpeg::AVAILABLE {
 //!     let (w, h) = ferrofeed_vision::libjpeg::header(&jpeg).unwrap().unwrap();
 //!     // Half scale: the region (100, 50, 200×150) becomes (50, 25, 100×75).
-//!     let r = ferrofeed_vision::libjpeg::decode_region(&jpeg, 4, false, 100, 50, 200, 150).unwrap().unwrap();
+//!     let r = ferrofeed_vision::libjpeg::decode_region(&jpeg, &Request::new(100, 50, 200, 150).scaled(4)).unwrap().unwrap();
 //!     let i = r.info;
 //!     assert!(i.x <= 50 && i.x + i.width >= 150 && i.y == 25 && i.height == 75);
 //!     assert!(w > 0 && h > 0);
@@ -120,64 +121,90 @@ pub struct RegionInfo {
     pub num: u32,
 }
 
-/// Decodes the full-resolution region `(x, y, w, h)` at `num/8` scale;
-/// `Ok(None)` when libjpeg cannot produce RGB (CMYK/YCCK) or was not built.
-/// `fast` trades a little accuracy for speed (fast integer IDCT, plain
-/// chroma upsampling).
-#[allow(clippy::too_many_arguments)]
-pub fn decode_region(
-    bytes: &[u8],
-    num: u32,
-    fast: bool,
-    x: u32,
-    y: u32,
-    w: u32,
-    h: u32,
-) -> Result<Option<Region>, String> {
+/// What to decode: a rectangle of the full-resolution image, the IDCT
+/// scale and the accuracy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// First column.
+    pub x: u32,
+    /// First row.
+    pub y: u32,
+    /// Columns.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// Scale in eighths, 1–8 (8 = full size, the default).
+    pub num: u32,
+    /// Fast integer IDCT and plain chroma upsampling: a little less
+    /// accurate, faster (default off).
+    pub fast: bool,
+}
+
+impl Request {
+    /// The rectangle `(x, y, width × height)` at full size, accurate.
+    pub fn new(x: u32, y: u32, width: u32, height: u32) -> Self {
+        Request {
+            x,
+            y,
+            width,
+            height,
+            num: 8,
+            fast: false,
+        }
+    }
+
+    /// The same rectangle at `num/8` scale.
+    pub fn scaled(self, num: u32) -> Self {
+        Request { num, ..self }
+    }
+
+    /// The same rectangle with the fast IDCT or not.
+    pub fn fast(self, fast: bool) -> Self {
+        Request { fast, ..self }
+    }
+}
+
+/// Decodes `req`; `Ok(None)` when libjpeg cannot produce RGB (CMYK/YCCK)
+/// or was not built.
+pub fn decode_region(bytes: &[u8], req: &Request) -> Result<Option<Region>, String> {
     let mut buf = Vec::new();
-    Ok(
-        decode_region_into(bytes, num, fast, x, y, w, h, &mut buf)?.map(|info| {
-            buf.truncate(info.width as usize * info.height as usize * 3);
-            Region { info, data: buf }
-        }),
-    )
+    Ok(decode_region_into(bytes, req, &mut buf)?.map(|info| {
+        buf.truncate(info.width as usize * info.height as usize * 3);
+        Region { info, data: buf }
+    }))
 }
 
 /// Like [`decode_region`], writing the RGB rows into `buf` (grown when too
 /// small, never shrunk, so a reused buffer costs no allocation); the pixels
 /// are `buf[..width * height * 3]`.
-#[allow(clippy::too_many_arguments)]
 pub fn decode_region_into(
     bytes: &[u8],
-    num: u32,
-    fast: bool,
-    x: u32,
-    y: u32,
-    w: u32,
-    h: u32,
+    req: &Request,
     buf: &mut Vec<u8>,
 ) -> Result<Option<RegionInfo>, String> {
-    decode_spliced_into(bytes, &[], num, fast, x, y, w, h, buf)
+    decode_spliced_into(bytes, &[], req, buf)
 }
 
 /// Like [`decode_region_into`] for a JPEG stream stored in two pieces,
-/// `head` then `rest`: a stand-in made by [`crate::seek::Layout::splice`]
-/// and the rest of the file, or one made by [`crate::seek::Layout::crop`]
+/// `head` then `rest`: a stand-in made by [`crate::jpeg::Layout::splice`]
+/// and the rest of the file, or one made by [`crate::jpeg::Layout::crop`]
 /// with `rest` empty.
-#[allow(clippy::too_many_arguments)]
 pub fn decode_spliced_into(
     head: &[u8],
     rest: &[u8],
-    num: u32,
-    fast: bool,
-    x: u32,
-    y: u32,
-    w: u32,
-    h: u32,
+    req: &Request,
     buf: &mut Vec<u8>,
 ) -> Result<Option<RegionInfo>, String> {
     #[cfg(ff_libjpeg)]
     {
+        let Request {
+            x,
+            y,
+            width: w,
+            height: h,
+            num,
+            fast,
+        } = *req;
         if !(1..=8).contains(&num) {
             return Err(format!("scale {num}/8 is not supported"));
         }
@@ -230,7 +257,7 @@ pub fn decode_spliced_into(
     }
     #[cfg(not(ff_libjpeg))]
     {
-        let _ = (head, rest, num, fast, x, y, w, h, buf);
+        let _ = (head, rest, req, buf);
         Ok(None)
     }
 }

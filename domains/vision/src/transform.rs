@@ -31,8 +31,8 @@ use rand::Rng;
 use crate::cache::ImageCache;
 use crate::decode::{decode, DecodeOptions};
 use crate::image::{Image, NormalizedImage};
-use crate::libjpeg::RegionInfo;
-use crate::seek::{Layout, ScanIndex};
+use crate::jpeg::{Layout, ScanIndex};
+use crate::libjpeg::{RegionInfo, Request};
 
 /// A crop rectangle in pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,6 +249,49 @@ pub enum Transform {
     },
 }
 
+/// One image's transform, drawn: the source region to resample, the
+/// output size and whether to flip (see [`Transform::plan`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Plan {
+    /// The source image's `(width, height)` the plan was made for.
+    pub source: (u32, u32),
+    /// `(left, top, width, height)` in source pixels (fractional).
+    pub region: (f64, f64, f64, f64),
+    /// Output width.
+    pub width: u32,
+    /// Output height.
+    pub height: u32,
+    /// Mirror left to right.
+    pub flip: bool,
+}
+
+impl Plan {
+    /// Resamples the plan's region of `img` (antialiased bilinear) to the
+    /// output size; an error when `img` is not the size the plan was made
+    /// for.
+    pub fn apply(&self, img: &Image) -> Result<Image, String> {
+        if (img.width, img.height) != self.source {
+            return Err(format!(
+                "a transform planned for {}x{} was given a {}x{} image",
+                self.source.0, self.source.1, img.width, img.height
+            ));
+        }
+        Image::new(
+            self.width,
+            self.height,
+            crate::resample::resize(
+                &img.data,
+                img.width,
+                img.height,
+                self.region,
+                self.width,
+                self.height,
+                self.flip,
+            )?,
+        )
+    }
+}
+
 impl Transform {
     /// torchvision's training defaults at `size`.
     pub fn train(size: u32) -> Self {
@@ -319,11 +362,30 @@ impl Transform {
 
     /// [`apply`](Self::apply) to a borrowed image (e.g. one held by a cache).
     pub fn apply_ref(&self, img: &Image, rng: &mut impl Rng) -> Result<Image, String> {
-        match *self {
-            Transform::None => Ok(img.clone()),
+        match self.plan(img.width, img.height, rng) {
+            None => Ok(img.clone()),
+            Some(plan) => plan.apply(img),
+        }
+    }
+
+    /// What the transform does to a `width × height` image, with its random
+    /// draws (crop, flip) made now from `rng`; `None` for
+    /// [`Transform::None`]. The fused path (decode only the region) and the
+    /// unfused one (decode all, then resample) both carry out a plan, so
+    /// they agree by construction.
+    ///
+    /// ```
+    /// use ferrofeed_vision::Transform;
+    /// let mut rng = ferrofeed_core::rng::sample_rng(0);
+    /// let plan = Transform::eval(256, 224).plan(500, 375, &mut rng).unwrap();
+    /// assert_eq!((plan.width, plan.height, plan.flip), (224, 224, false));
+    /// ```
+    pub fn plan(&self, width: u32, height: u32, rng: &mut impl Rng) -> Option<Plan> {
+        let (region, out_w, out_h, flip) = match *self {
+            Transform::None => return None,
             Transform::Eval { resize, size } => {
-                let (region, w, h) = eval_region(img.width, img.height, resize, size);
-                resize_crop(img, region, w, h)
+                let (region, w, h) = eval_region(width, height, resize, size);
+                (region, w, h, false)
             }
             Transform::Train {
                 size,
@@ -331,23 +393,18 @@ impl Transform {
                 ratio,
                 flip_p,
             } => {
-                let b = random_resized_crop_box(rng, img.width, img.height, scale, ratio);
+                let b = random_resized_crop_box(rng, width, height, scale, ratio);
                 let flip = rng.random::<f64>() < flip_p;
-                Image::new(
-                    size,
-                    size,
-                    crate::resample::resize(
-                        &img.data,
-                        img.width,
-                        img.height,
-                        b.region(),
-                        size,
-                        size,
-                        flip,
-                    )?,
-                )
+                (b.region(), size, size, flip)
             }
-        }
+        };
+        Some(Plan {
+            source: (width, height),
+            region,
+            width: out_w,
+            height: out_h,
+            flip,
+        })
     }
 
     /// The unfused eval path (resize the whole image, then crop), kept to
@@ -383,7 +440,7 @@ pub struct DecodeTransform {
     pub cache: Option<Arc<ImageCache>>,
     /// Where each JPEG's MCUs start, kept across epochs (by the sample's
     /// dataset index) so a crop decodes only its own MCUs (see
-    /// [`crate::seek`]); `None` decodes from the top every time. The first
+    /// [`crate::jpeg`]); `None` decodes from the top every time. The first
     /// epoch fills it and runs a little slower; with one pass over the data,
     /// set `None`.
     pub seek: Option<Arc<ScanIndex>>,
@@ -430,8 +487,8 @@ impl DecodeTransform {
         Ok(self.transform.apply_ref(&img, rng)?)
     }
     /// Runs the stage outside a pipeline: the fused path when it applies,
-    /// else decode then transform. Both draw the same random numbers in the
-    /// same order, so they pick the same crop and flip.
+    /// else decode then transform. Both carry out one [`Transform::plan`],
+    /// so they pick the same crop and flip.
     pub fn run(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Image, BoxError> {
         self.run_keyed(bytes, None, rng)
     }
@@ -444,10 +501,14 @@ impl DecodeTransform {
         key: Option<u64>,
         rng: &mut impl Rng,
     ) -> Result<Image, BoxError> {
-        if let Some(img) = self.fused(bytes, key, rng)? {
-            return Ok(img);
+        match self.fused(bytes, key, rng)? {
+            Fused::Done(img) => Ok(img),
+            Fused::Planned(plan) => {
+                let img = decode(bytes, &self.decode)?;
+                Ok(plan.apply(&img)?)
+            }
+            Fused::NotApplicable => self.run_unfused(bytes, rng),
         }
-        self.run_unfused(bytes, rng)
     }
 
     /// Decode the whole image, then transform it.
@@ -463,12 +524,15 @@ impl DecodeTransform {
     /// it does not apply (not a JPEG, EXIF-rotated, CMYK, no libjpeg, or no
     /// transform).
     pub fn run_fused(&self, bytes: &[u8], rng: &mut impl Rng) -> Result<Option<Image>, BoxError> {
-        self.fused(bytes, None, rng)
+        Ok(match self.fused(bytes, None, rng)? {
+            Fused::Done(img) => Some(img),
+            Fused::NotApplicable | Fused::Planned(_) => None,
+        })
     }
 
     /// Decodes the region `(x, y, w, h)` of sample `key` through the scan
     /// index: only the MCUs it covers, or for a region near the full width
-    /// its rows from the first on (see [`crate::seek`]). `None` when that
+    /// its rows from the first on (see [`crate::jpeg`]). `None` when that
     /// does not apply (no index or key, a layout it cannot seek in, the
     /// index full) or anything fails — the ordinary decode then runs and
     /// reports real errors.
@@ -476,10 +540,17 @@ impl DecodeTransform {
         &self,
         bytes: &[u8],
         key: Option<u64>,
-        num: u32,
-        (x, y, w, h): (u32, u32, u32, u32),
+        req: &Request,
         buf: &mut Vec<u8>,
     ) -> Option<RegionInfo> {
+        let Request {
+            x,
+            y,
+            width: w,
+            height: h,
+            num,
+            ..
+        } = *req;
         let index = self.seek.as_ref()?;
         // Without a key nothing is remembered, and marking MCUs only to
         // use them once costs more than it saves.
@@ -527,18 +598,13 @@ impl DecodeTransform {
                 None => return None,
             };
             let (left, top) = (left * i64::from(col_px), top * row_px);
-            let mut info = crate::libjpeg::decode_spliced_into(
-                &stream,
-                rest,
-                num,
-                self.decode.fast,
-                u32::try_from(i64::from(x) - left).ok()?,
-                y - top,
-                w,
-                h,
-                buf,
-            )
-            .ok()??;
+            let moved = Request {
+                x: u32::try_from(i64::from(x) - left).ok()?,
+                y: y - top,
+                ..*req
+            };
+            let mut info =
+                crate::libjpeg::decode_spliced_into(&stream, rest, &moved, buf).ok()??;
             // Stand-in origins are whole MCUs, so they scale exactly.
             info.x = u32::try_from(i64::from(info.x) + left * i64::from(num) / 8).ok()?;
             info.y += top * num / 8;
@@ -546,12 +612,7 @@ impl DecodeTransform {
         })
     }
 
-    fn fused(
-        &self,
-        bytes: &[u8],
-        key: Option<u64>,
-        rng: &mut impl Rng,
-    ) -> Result<Option<Image>, BoxError> {
+    fn fused(&self, bytes: &[u8], key: Option<u64>, rng: &mut impl Rng) -> Result<Fused, BoxError> {
         use crate::decode::{
             check_pixels, has_eoi_or_data, is_jpeg, jpeg_header, Backend, DecodeError,
         };
@@ -560,7 +621,7 @@ impl DecodeTransform {
             || !crate::libjpeg::AVAILABLE
             || !is_jpeg(bytes)
         {
-            return Ok(None);
+            return Ok(Fused::NotApplicable);
         }
         if !has_eoi_or_data(bytes) {
             return Err(DecodeError::Jpeg(
@@ -575,7 +636,7 @@ impl DecodeTransform {
             self.decode.max_pixels,
         )?;
         if self.decode.apply_exif && head.orientation != 1 {
-            return Ok(None);
+            return Ok(Fused::NotApplicable);
         }
         // The frame header gives the size; libjpeg's own header pass is
         // needed only where it is missing (a height set by a DNL marker).
@@ -585,28 +646,22 @@ impl DecodeTransform {
             (head.width, head.height)
         } else {
             let Some((w, h)) = crate::libjpeg::header(bytes).map_err(DecodeError::Jpeg)? else {
-                return Ok(None);
+                return Ok(Fused::NotApplicable);
             };
             check_pixels(u64::from(w), u64::from(h), self.decode.max_pixels)?;
             (w, h)
         };
-        let (region, out_w, out_h, flip) = match self.transform {
-            Transform::None => return Ok(None),
-            Transform::Train {
-                size,
-                scale,
-                ratio,
-                flip_p,
-            } => {
-                let b = random_resized_crop_box(rng, w, h, scale, ratio);
-                let flip = rng.random::<f64>() < flip_p;
-                (b.region(), size, size, flip)
-            }
-            Transform::Eval { resize, size } => {
-                let (region, ow, oh) = eval_region(w, h, resize, size);
-                (region, ow, oh, false)
-            }
+        let plan = match self.transform.plan(w, h, rng) {
+            Some(plan) => plan,
+            None => return Ok(Fused::NotApplicable),
         };
+        let Plan {
+            region,
+            width: out_w,
+            height: out_h,
+            flip,
+            ..
+        } = plan;
         // The filter reads about one output pixel's worth of source beyond
         // the region on each side.
         let mx = (region.2 / f64::from(out_w)).ceil() as u32 + 1;
@@ -623,25 +678,18 @@ impl DecodeTransform {
             .into_iter()
             .find(|&m| f64::from(m) >= need * 8.0)
             .unwrap_or(8);
-        REGION.with(|buf| -> Result<Option<Image>, BoxError> {
+        let req = Request::new(x0, y0, x1 - x0, y1 - y0)
+            .scaled(num)
+            .fast(self.decode.fast);
+        REGION.with(|buf| -> Result<Fused, BoxError> {
             let mut buf = buf.borrow_mut();
-            let rect = (x0, y0, x1 - x0, y1 - y0);
-            let r = match self.decode_seeking(bytes, key, num, rect, &mut buf) {
+            let r = match self.decode_seeking(bytes, key, &req, &mut buf) {
                 Some(r) => r,
                 None => {
-                    let Some(r) = crate::libjpeg::decode_region_into(
-                        bytes,
-                        num,
-                        self.decode.fast,
-                        x0,
-                        y0,
-                        x1 - x0,
-                        y1 - y0,
-                        &mut buf,
-                    )
-                    .map_err(DecodeError::Jpeg)?
+                    let Some(r) = crate::libjpeg::decode_region_into(bytes, &req, &mut buf)
+                        .map_err(DecodeError::Jpeg)?
                     else {
-                        return Ok(None);
+                        return Ok(Fused::Planned(plan));
                     };
                     r
                 }
@@ -660,9 +708,21 @@ impl DecodeTransform {
             let pixels = &buf[..r.width as usize * r.height as usize * 3];
             let out =
                 crate::resample::resize(pixels, r.width, r.height, inner, out_w, out_h, flip)?;
-            Ok(Some(Image::new(out_w, out_h, out)?))
+            Ok(Fused::Done(Image::new(out_w, out_h, out)?))
         })
     }
+}
+
+/// What the fused path did.
+enum Fused {
+    /// It does not apply (not a JPEG, rotated, another backend, no
+    /// transform); nothing was drawn.
+    NotApplicable,
+    /// The transform was planned but libjpeg cannot decode the image (CMYK):
+    /// decode it whole and carry out this plan.
+    Planned(Plan),
+    /// The output.
+    Done(Image),
 }
 
 impl Stage for DecodeTransform {
@@ -787,21 +847,20 @@ mod tests {
                     let num = [1, 2, 4, 8][rng.random_range(0..4)];
                     let y = rng.random_range(0..h - 1);
                     let x = rng.random_range(0..w - 1);
-                    let rect = (
+                    let rect = Request::new(
                         x,
                         y,
                         rng.random_range(1..=w - x),
                         rng.random_range(1..=h - y),
-                    );
-                    let mut a = Vec::new();
-                    let want = crate::libjpeg::decode_region_into(
-                        bytes, num, false, rect.0, rect.1, rect.2, rect.3, &mut a,
                     )
-                    .unwrap()
-                    .unwrap();
+                    .scaled(num);
+                    let mut a = Vec::new();
+                    let want = crate::libjpeg::decode_region_into(bytes, &rect, &mut a)
+                        .unwrap()
+                        .unwrap();
                     let key = Some(key as u64);
                     let mut b = Vec::new();
-                    let Some(got) = stage.decode_seeking(bytes, key, num, rect, &mut b) else {
+                    let Some(got) = stage.decode_seeking(bytes, key, &rect, &mut b) else {
                         continue;
                     };
                     seeked += 1;

@@ -195,6 +195,20 @@ fn fused_and_unfused_train_paths_agree() {
     }
 }
 
+/// An image the fused path plans for but libjpeg cannot make RGB of
+/// (CMYK) falls back to a full decode that carries out the same plan: the
+/// crop and flip are the unfused path's, not a second draw.
+#[test]
+fn a_fused_fallback_keeps_the_planned_crop() {
+    let bytes = std::fs::read(data("cmyk.jpg")).unwrap();
+    let stage = DecodeTransform::new(Transform::train(32));
+    for seed in 0..20 {
+        let run = stage.run(&bytes, &mut sample_rng(seed)).unwrap();
+        let unfused = stage.run_unfused(&bytes, &mut sample_rng(seed)).unwrap();
+        assert_eq!(run, unfused, "seed {seed}");
+    }
+}
+
 #[test]
 fn the_fast_fused_path_agrees_with_the_exact_unfused_one() {
     let mut worst = f64::INFINITY;
