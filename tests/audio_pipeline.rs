@@ -3,8 +3,8 @@
 #![cfg(feature = "audio")]
 use std::path::{Path, PathBuf};
 
-use ferrofeed::audio::decode::Decoded;
-use ferrofeed::audio::stream::ChunkStream;
+use ferrofeed::audio::ChunkStream;
+use ferrofeed::audio::Decoded;
 use ferrofeed::audio::*;
 use ferrofeed::core::prelude::*;
 
@@ -170,7 +170,7 @@ fn the_pipeline_batches_chunks_of_every_file() {
             .unwrap()
             .to_vec();
         for ((&i, l), s) in b.indices().iter().zip(lengths).zip(starts) {
-            chunks.push((i >> ferrofeed::core::source::STREAM_POSITION_BITS, s, l));
+            chunks.push((i >> ferrofeed::core::STREAM_POSITION_BITS, s, l));
         }
     }
     chunks.sort();

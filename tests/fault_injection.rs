@@ -362,7 +362,7 @@ fn transient_failures_are_retried_not_lost() {
         .on_error(ErrorPolicy::Retry {
             attempts: 3,
             backoff: std::time::Duration::from_micros(50),
-            then: ferrofeed::core::error::RetryThen::Fail,
+            then: ferrofeed::core::RetryThen::Fail,
         })
         .collate(StackCollate::new().column::<i64>("x"))
         .build()

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use ferrofeed::audio::stream::ChunkStream;
+use ferrofeed::audio::ChunkStream;
 use ferrofeed::audio::{AudioFiles, StreamOptions};
 use ferrofeed::core::prelude::*;
 use ferrofeed::stages::{ImageFolder, TarShards};

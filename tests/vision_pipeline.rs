@@ -71,7 +71,7 @@ fn batches_are_bit_identical_across_worker_counts_and_runs() {
 
 #[test]
 fn the_decoded_image_cache_changes_nothing_but_the_work_done() {
-    use ferrofeed::vision::cache::ImageCache;
+    use ferrofeed::vision::ImageCache;
     let d = tempfile::tempdir().unwrap();
     synth::write_dataset(d.path(), 9, 6, 2).unwrap();
     let folder = ImageFolder::scan(d.path(), IMAGE_EXTENSIONS).unwrap();

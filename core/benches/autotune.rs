@@ -136,7 +136,7 @@ fn scenario(name: &str, spec: Spec, cpus: usize) {
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument picks a scenario.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let cpus = ferrofeed_core::builder::available_cpus();
+    let cpus = ferrofeed_core::available_cpus();
     for (name, spec) in [("io", IO), ("cpu", CPU)] {
         if filter.as_deref().is_none_or(|f| name.contains(f)) {
             scenario(name, spec, cpus);

@@ -161,17 +161,17 @@ pub(crate) struct SegMeter {
 impl SegMeter {
     /// Share of the pool's working time spent on a CPU or waiting for one
     /// (not blocked) since the last reset (`None` before any task).
-    pub fn cpu_share(&self) -> Option<f64> {
+    pub(crate) fn cpu_share(&self) -> Option<f64> {
         let wall = self.total_wall_ns.load(Ordering::Relaxed);
         (wall > 0).then(|| self.total_cpu_ns.load(Ordering::Relaxed) as f64 / wall as f64)
     }
-    pub fn reset_totals(&self) {
+    pub(crate) fn reset_totals(&self) {
         self.total_wall_ns.store(0, Ordering::Relaxed);
         self.total_cpu_ns.store(0, Ordering::Relaxed);
     }
 
     /// Takes the counts since the last call: `(samples, wall, cpu, runq)`.
-    pub fn drain(&self) -> (u64, u64, u64, u64) {
+    pub(crate) fn drain(&self) -> (u64, u64, u64, u64) {
         (
             self.samples.swap(0, Ordering::Relaxed),
             self.wall_ns.swap(0, Ordering::Relaxed),
@@ -188,7 +188,7 @@ pub(crate) struct ThreadClock {
 }
 
 impl ThreadClock {
-    pub fn open() -> ThreadClock {
+    pub(crate) fn open() -> ThreadClock {
         ThreadClock {
             file: File::open("/proc/thread-self/schedstat").ok(),
         }
@@ -196,7 +196,7 @@ impl ThreadClock {
 
     /// `(cpu ns, runqueue ns)`; `None` where the kernel does not say (the
     /// tuner then counts the whole wall time as CPU time).
-    pub fn read(&self) -> Option<(u64, u64)> {
+    pub(crate) fn read(&self) -> Option<(u64, u64)> {
         let f = self.file.as_ref()?;
         let mut buf = [0u8; 96];
         let n = f.read_at(&mut buf, 0).ok()?;
@@ -215,17 +215,17 @@ pub(crate) struct TaskMeter {
 }
 
 impl TaskMeter {
-    pub fn new() -> TaskMeter {
+    pub(crate) fn new() -> TaskMeter {
         TaskMeter {
             clock: ThreadClock::open(),
             start: None,
         }
     }
-    pub fn begin(&mut self) {
+    pub(crate) fn begin(&mut self) {
         self.start = Some((Instant::now(), self.clock.read()));
     }
     /// Closes the measurement begun last, adding it to `meter`.
-    pub fn end(&mut self, meter: &SegMeter, samples: u64) {
+    pub(crate) fn end(&mut self, meter: &SegMeter, samples: u64) {
         let Some((t0, c0)) = self.start.take() else {
             return;
         };

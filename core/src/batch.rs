@@ -139,7 +139,7 @@ impl BufferSource for BufferPool {
 /// are kept.
 ///
 /// ```
-/// use ferrofeed_core::{batch::BufferPool, DType, Tensor};
+/// use ferrofeed_core::{BufferPool, DType, Tensor};
 /// let pool = BufferPool::new(2);
 /// let t = Tensor::uninit_in(&pool, DType::U8, &[1000]);
 /// drop(t);

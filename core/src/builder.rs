@@ -25,12 +25,14 @@ use crate::component::ComponentId;
 use crate::component_set::ComponentSet;
 use crate::engine::{check_flow, Config, ErasedSource, Shared, StageNode};
 use crate::error::{BoxError, BuildError, ErrorPolicy};
+use crate::options::{Batching, Options, Recording, Scheduling, Shuffling, Tuning};
 use crate::pipeline::Pipeline;
 use crate::sampler::{BatchSampler, FixedBatches, Order, Shard};
 use crate::source::{IterableSource, Source};
 use crate::stage::{erase, FnStage, Stage, StageCtx, StageOptions};
 
-/// Builds a [`Pipeline`].
+/// Builds a [`Pipeline`]: a source, stages, a collate, and [`Options`]
+/// (given whole, by group, or one field at a time).
 pub struct PipelineBuilder {
     source: ErasedSource,
     source_writes: Vec<ComponentId>,
@@ -40,32 +42,9 @@ pub struct PipelineBuilder {
     /// Whether the source is iterable (settings for the other kind are
     /// refused by `build()`).
     iterable: bool,
-    shuffle_buffer_set: bool,
-    interleave_set: bool,
-    batch_size: usize,
-    drop_last: bool,
-    shuffle: bool,
-    seed: u64,
-    policy: ErrorPolicy,
-    ordered: bool,
-    max_bytes: usize,
-    prefetch: Option<usize>,
-    cpus: Option<usize>,
-    min_task_samples: usize,
-    fuse: bool,
-    autotune: bool,
-    autotune_max_workers: Option<usize>,
-    autotune_interval: Duration,
-    shard: Shard,
-    shuffle_buffer: usize,
-    interleave: usize,
+    opts: Options,
     batch_stages: Vec<(String, Box<dyn BatchStage>)>,
-    trace_max: Option<usize>,
-    metrics: bool,
 }
-
-/// Default byte budget: 256 MiB.
-pub const DEFAULT_MAX_BYTES_IN_FLIGHT: usize = 256 << 20;
 
 impl Pipeline {
     /// Starts a pipeline over a map-style source.
@@ -87,29 +66,40 @@ impl PipelineBuilder {
             collate: None,
             sampler: None,
             iterable,
-            shuffle_buffer_set: false,
-            interleave_set: false,
-            batch_size: 1,
-            drop_last: false,
-            shuffle: false,
-            seed: 0,
-            policy: ErrorPolicy::Fail,
-            ordered: true,
-            max_bytes: DEFAULT_MAX_BYTES_IN_FLIGHT,
-            prefetch: None,
-            cpus: None,
-            min_task_samples: 64,
-            fuse: true,
-            autotune: false,
-            autotune_max_workers: None,
-            autotune_interval: Duration::from_millis(100),
-            shard: Shard::single(),
-            shuffle_buffer: 0,
-            interleave: 1,
+            opts: Options::default(),
             batch_stages: Vec::new(),
-            trace_max: None,
-            metrics: true,
         }
+    }
+
+    /// Every plain setting at once (replaces what was set before).
+    pub fn options(mut self, opts: Options) -> Self {
+        self.opts = opts;
+        self
+    }
+    /// Batch size and the short last batch.
+    pub fn batching(mut self, b: Batching) -> Self {
+        self.opts.batching = b;
+        self
+    }
+    /// Order and seed.
+    pub fn shuffling(mut self, s: Shuffling) -> Self {
+        self.opts.shuffling = s;
+        self
+    }
+    /// Byte budget, prefetch, CPUs, task size, fusion and ordering.
+    pub fn scheduling(mut self, s: Scheduling) -> Self {
+        self.opts.scheduling = s;
+        self
+    }
+    /// The autotuner's settings.
+    pub fn tuning(mut self, t: Tuning) -> Self {
+        self.opts.tuning = t;
+        self
+    }
+    /// Metrics and trace.
+    pub fn recording(mut self, r: Recording) -> Self {
+        self.opts.recording = r;
+        self
     }
 
     /// Adds a stage with default options.
@@ -153,22 +143,22 @@ impl PipelineBuilder {
 
     /// Samples per batch (default 1).
     pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch_size = n;
+        self.opts.batching.size = n;
         self
     }
     /// Drop a short last batch (default false).
     pub fn drop_last(mut self, yes: bool) -> Self {
-        self.drop_last = yes;
+        self.opts.batching.drop_last = yes;
         self
     }
     /// Shuffle with a permutation drawn from `(seed, epoch)` (default false).
     pub fn shuffle(mut self, yes: bool) -> Self {
-        self.shuffle = yes;
+        self.opts.shuffling.shuffle = yes;
         self
     }
     /// Seed for shuffling and for every stage's RNG (default 0).
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
+        self.opts.shuffling.seed = seed;
         self
     }
     /// A custom batch sampler; replaces batch size, shuffle and drop_last.
@@ -183,64 +173,64 @@ impl PipelineBuilder {
     }
     /// Pipeline-wide error policy (default `Fail`).
     pub fn on_error(mut self, p: ErrorPolicy) -> Self {
-        self.policy = p;
+        self.opts.on_error = p;
         self
     }
     /// Yield batches as soon as they are ready instead of in sampler order.
     pub fn unordered(mut self) -> Self {
-        self.ordered = false;
+        self.opts.scheduling.ordered = false;
         self
     }
     /// Cap on bytes held by samples and batches in flight (default 256 MiB).
     pub fn max_bytes_in_flight(mut self, bytes: usize) -> Self {
-        self.max_bytes = bytes;
+        self.opts.scheduling.max_bytes_in_flight = bytes;
         self
     }
     /// Tasks (groups of batches) allowed ahead of the consumer (default:
     /// twice the largest stage's workers, at least 4).
     pub fn prefetch(mut self, tasks: usize) -> Self {
-        self.prefetch = Some(tasks);
+        self.opts.scheduling.prefetch = Some(tasks);
         self
     }
     /// The CPU count `Parallelism::Auto` resolves to (default: the CPUs this
     /// process may use).
     pub fn cpus(mut self, n: usize) -> Self {
-        self.cpus = Some(n);
+        self.opts.scheduling.cpus = Some(n);
         self
     }
     /// Smallest number of samples a worker handles per task: small batches
     /// are grouped so queue hops are paid per group, not per sample
     /// (default 64).
     pub fn min_task_samples(mut self, n: usize) -> Self {
-        self.min_task_samples = n;
+        self.opts.scheduling.min_task_samples = n;
         self
     }
     /// Run adjacent stages with equal worker counts in the same worker
     /// (default true).
     pub fn fuse(mut self, yes: bool) -> Self {
-        self.fuse = yes;
+        self.opts.scheduling.fuse = yes;
         self
     }
 
     /// Tune worker counts online (see [`crate::autotune`]): every stage
-    /// left at [`Parallelism::Auto`] gets its own pool, and a tuner thread
+    /// left at [`Parallelism::Auto`](crate::Parallelism::Auto) gets its own pool, and a tuner thread
     /// moves workers between the pools to maximise samples/s from the
     /// measured per-stage CPU and blocked time (default off: `Auto` stages
     /// are then fused on one pool of as many workers as CPUs, which is best
     /// when every stage is CPU-bound).
     pub fn autotune(mut self, yes: bool) -> Self {
-        self.autotune = yes;
+        self.opts.tuning.autotune = yes;
         self
     }
     /// The most threads one tuned stage may use (default 4 × CPUs, at least
     /// 4, at most 64): stages blocked on I/O may need more than the CPUs.
     pub fn autotune_max_workers(mut self, n: usize) -> Self {
-        self.autotune_max_workers = Some(n);
+        self.opts.tuning.max_workers = Some(n);
         self
     }
     /// How often the tuner re-reads the stage costs (default 100 ms).
     pub fn autotune_interval(mut self, every: Duration) -> Self {
-        self.autotune_interval = every;
+        self.opts.tuning.interval = every;
         self
     }
 
@@ -255,14 +245,14 @@ impl PipelineBuilder {
     /// Per-stage timing (latency histograms, busy time; default on). Off,
     /// only counters are kept — for measuring what the timing costs.
     pub fn metrics(mut self, yes: bool) -> Self {
-        self.metrics = yes;
+        self.opts.recording.metrics = yes;
         self
     }
 
     /// Records a Chrome/Perfetto trace of every stage's work, keeping at
     /// most `max_events` events (see [`Pipeline::trace_json`]).
     pub fn trace(mut self, max_events: usize) -> Self {
-        self.trace_max = Some(max_events);
+        self.opts.recording.trace_events = Some(max_events);
         self
     }
 
@@ -270,14 +260,13 @@ impl PipelineBuilder {
     /// [`Shard::from_env`]). Every rank sees the same global order and reads
     /// its own slice.
     pub fn shard(mut self, shard: Shard) -> Self {
-        self.shard = shard;
+        self.opts.shard = shard;
         self
     }
     /// For iterable sources: a per-shard shuffle buffer of this many items,
     /// seeded by `(seed, epoch, shard)` (default 0: stream order).
     pub fn shuffle_buffer(mut self, items: usize) -> Self {
-        self.shuffle_buffer = items;
-        self.shuffle_buffer_set = true;
+        self.opts.shuffling.shuffle_buffer = items;
         self
     }
     /// For iterable sources: read `shards` shards together, one item from
@@ -287,22 +276,29 @@ impl PipelineBuilder {
     /// holds items of all its shards. Use it when shards are small (audio
     /// files of a few chunks) and batches should not end at every shard.
     pub fn interleave(mut self, shards: usize) -> Self {
-        self.interleave = shards.max(1);
-        self.interleave_set = true;
+        self.opts.shuffling.interleave = shards;
         self
     }
 
     /// Checks the plan and starts the worker pools.
     pub fn build(self) -> Result<Pipeline, BuildError> {
-        if self.batch_size == 0 {
+        let Options {
+            batching,
+            shuffling,
+            scheduling,
+            tuning,
+            recording,
+            on_error,
+            shard,
+        } = self.opts;
+        if batching.size == 0 {
             return Err(BuildError::ZeroBatchSize);
         }
-        if self.max_bytes == 0 {
+        if scheduling.max_bytes_in_flight == 0 {
             return Err(BuildError::ZeroBudget);
         }
-        Shard::new(self.shard.rank, self.shard.world_size)
-            .map_err(|e| BuildError::Invalid(e.to_string()))?;
-        if self.prefetch == Some(0) {
+        Shard::new(shard.rank, shard.world_size).map_err(|e| BuildError::Invalid(e.to_string()))?;
+        if scheduling.prefetch == Some(0) {
             return Err(BuildError::Invalid("prefetch must be at least 1".into()));
         }
         // A setting the source kind cannot use is an error, not ignored.
@@ -312,9 +308,9 @@ impl PipelineBuilder {
                 "iterable",
                 "an iterable source's order comes from its shards: use shuffle_buffer and interleave",
             ))
-        } else if self.shuffle_buffer_set || self.interleave_set {
+        } else if shuffling.shuffle_buffer > 0 || shuffling.interleave > 1 {
             Some((
-                if self.shuffle_buffer_set {
+                if shuffling.shuffle_buffer > 0 {
                     "shuffle_buffer"
                 } else {
                     "interleave"
@@ -335,17 +331,17 @@ impl PipelineBuilder {
         let collate = self.collate.ok_or(BuildError::NoCollate)?;
         check_flow(&self.source_writes, &self.stages, &collate.reads())?;
 
-        let cpus = self.cpus.unwrap_or_else(available_cpus).max(1);
+        let cpus = scheduling.cpus.unwrap_or_else(available_cpus).max(1);
         let sampler: Box<dyn BatchSampler> = match self.sampler {
             Some(s) => s,
             None => Box::new(FixedBatches {
-                order: if self.shuffle {
+                order: if shuffling.shuffle {
                     Order::Shuffled
                 } else {
                     Order::Sequential
                 },
-                batch_size: self.batch_size,
-                drop_last: self.drop_last,
+                batch_size: batching.size,
+                drop_last: batching.drop_last,
             }),
         };
         let shared = Shared::new(
@@ -354,30 +350,28 @@ impl PipelineBuilder {
             collate,
             sampler,
             Config {
-                batch_stages: self.batch_stages,
-                shard: self.shard,
-                shuffle_buffer: self.shuffle_buffer,
-                interleave: self.interleave.max(1),
-                seed: self.seed,
-                policy: self.policy,
-                ordered: self.ordered,
-                prefetch: self.prefetch,
+                batching,
+                shuffling: Shuffling {
+                    interleave: shuffling.interleave.max(1),
+                    ..shuffling
+                },
+                scheduling: Scheduling {
+                    cpus: Some(cpus),
+                    min_task_samples: scheduling.min_task_samples.max(1),
+                    ..scheduling
+                },
+                tuning: Tuning {
+                    interval: tuning.interval.max(Duration::from_millis(1)),
+                    ..tuning
+                },
+                recording,
+                policy: on_error,
+                shard,
                 cpus,
-                min_task_samples: self.min_task_samples.max(1),
-                fuse: self.fuse,
-                autotune: self.autotune,
-                autotune_max_workers: self
-                    .autotune_max_workers
-                    .unwrap_or((4 * cpus).clamp(4, 64))
-                    .max(1),
-                autotune_interval: self.autotune_interval.max(Duration::from_millis(1)),
-                trace_max: self.trace_max,
-                metrics: self.metrics,
-                batch_size: self.batch_size,
-                drop_last: self.drop_last,
-                shuffle: self.shuffle,
+                max_workers: tuning.max_workers.unwrap_or((4 * cpus).clamp(4, 64)).max(1),
+                batch_stages: self.batch_stages,
             },
-            ByteBudget::new(self.max_bytes),
+            ByteBudget::new(scheduling.max_bytes_in_flight),
         );
         Pipeline::start(Arc::new(shared))
     }

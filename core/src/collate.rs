@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use ferrofeed_core::{Collatable, Collate, Component, StackCollate, Table};
-//! use ferrofeed_core::table::BatchRows;
+//! use ferrofeed_core::BatchRows;
 //!
 //! #[derive(Clone)]
 //! struct Pixel([u8; 3]);

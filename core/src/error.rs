@@ -19,9 +19,10 @@ use std::time::Duration;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What happens when a stage (or the source) fails on a sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ErrorPolicy {
-    /// The iterator yields the error and the epoch stops.
+    /// The iterator yields the error and the epoch stops (the default).
+    #[default]
     Fail,
     /// The sample is dropped from its batch, counted and listed in the
     /// epoch's summary.

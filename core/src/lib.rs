@@ -32,45 +32,56 @@
 //! assert_eq!(batches[0].get("values").unwrap().as_slice::<i64>().unwrap()[3], 6);
 //! ```
 #![warn(missing_docs)]
+#![warn(unnameable_types, unreachable_pub)]
 
 pub mod autotune;
-pub mod batch;
-pub mod budget;
-pub mod builder;
-pub mod collate;
-pub mod component;
+mod batch;
+mod budget;
+mod builder;
+mod collate;
+mod component;
 mod component_set;
 mod engine;
-pub mod error;
-pub mod metrics;
-pub mod pipeline;
-pub mod resources;
+mod error;
+mod metrics;
+mod options;
+mod pipeline;
+mod resources;
 pub mod rng;
-pub mod sampler;
-pub mod source;
-pub mod stage;
-pub mod state;
-pub mod stop;
+mod sampler;
+mod source;
+mod stage;
+mod state;
+mod stop;
 pub mod sync;
-pub mod table;
-pub mod trace;
+mod table;
+mod trace;
 
-pub use autotune::TuneStep;
-pub use batch::{Batch, BufferPool, BufferSource, DType, Element, HostBuffer, Tensor};
-pub use budget::ByteBudget;
-pub use builder::PipelineBuilder;
+pub use batch::{
+    Batch, BufferPool, BufferSource, DType, DTypeMismatch, Element, HostBuffer, Tensor, MAX_DIMS,
+};
+pub use budget::{ByteBudget, Lease};
+pub use builder::{available_cpus, PipelineBuilder};
 pub use collate::{BatchStage, Collatable, Collate, CollateError, StackCollate};
 pub use component::{Component, ComponentId};
 pub use component_set::ComponentSet;
-pub use error::{BoxError, BuildError, ErrorKind, ErrorPolicy, SampleError};
-pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
-pub use pipeline::{EpochIter, InspectReport, Pipeline};
-pub use sampler::{
-    BatchSampler, Batched, ClassBalanced, ContiguousWindows, Curriculum, EpochPlan, FixedBatches,
-    Order, PlanCtx, Sampler, Shard, ShardError, WeightError, Weighted,
+pub use error::{
+    error_chain, BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError,
 };
-pub use source::{FnSource, IterableSource, Source};
-pub use stage::{Parallelism, Stage, StageCtx, StageOptions};
+pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
+pub use options::{
+    Batching, Options, Recording, Scheduling, Shuffling, Tuning, DEFAULT_MAX_BYTES_IN_FLIGHT,
+};
+pub use pipeline::{
+    EpochIter, InspectReport, InspectStep, Pipeline, SLOW_BATCH_FACTOR, SLOW_BATCH_FLOOR,
+};
+pub use resources::Resources;
+pub use sampler::{
+    permutation, BatchSampler, Batched, ClassBalanced, ContiguousWindows, Curriculum, EpochPlan,
+    FixedBatches, Order, PlanCtx, Sampler, Shard, ShardError, WeightError, Weighted,
+};
+pub use source::{stream_index, FnSource, IterableSource, ShardIter, Source, STREAM_POSITION_BITS};
+pub use stage::{FnStage, Parallelism, Stage, StageCtx, StageOptions};
 pub use state::{PipelineState, Position, ResumeError};
 pub use stop::StopHandle;
 pub use table::{BatchRows, Table};

@@ -7,7 +7,7 @@
 //! Unreadable or odd files fall back to the next source, with a warning.
 //!
 //! ```
-//! use ferrofeed_core::resources::Resources;
+//! use ferrofeed_core::Resources;
 //! let r = Resources::detect();
 //! assert!(r.cpus > 0.0 && r.memory_bytes > 0);
 //! assert!(r.workers() >= 1);
@@ -265,9 +265,9 @@ mod tests {
 
     /// A throwaway folder (core has no tempfile dependency).
     mod tempfile_lite {
-        pub struct Dir(std::path::PathBuf);
+        pub(super) struct Dir(std::path::PathBuf);
         impl Dir {
-            pub fn new() -> Dir {
+            pub(super) fn new() -> Dir {
                 use std::sync::atomic::{AtomicU64, Ordering};
                 static N: AtomicU64 = AtomicU64::new(0);
                 let p = std::env::temp_dir().join(format!(
@@ -278,7 +278,7 @@ mod tests {
                 std::fs::create_dir_all(&p).unwrap();
                 Dir(p)
             }
-            pub fn path(&self) -> &std::path::Path {
+            pub(super) fn path(&self) -> &std::path::Path {
                 &self.0
             }
         }

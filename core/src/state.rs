@@ -27,9 +27,6 @@
 //! ```
 use serde::{Deserialize, Serialize};
 
-/// The format tag written into every state.
-pub const FORMAT: &str = "ferrofeed-state-v1";
-
 /// Where an epoch goes on: `major` is the next plan batch (map-style
 /// sources) or shard group position (iterable), `minor` the next part of
 /// that group (0 for map-style). Saved as `[major, minor]`.
@@ -73,7 +70,7 @@ impl PartialEq<(u64, u64)> for Position {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineState {
-    /// Always [`FORMAT`].
+    /// Always [`PipelineState::FORMAT`].
     pub format: String,
     /// The seed of the run.
     pub seed: u64,
@@ -119,6 +116,9 @@ pub enum ResumeError {
 }
 
 impl PipelineState {
+    /// The format tag written into every state.
+    pub const FORMAT: &'static str = "ferrofeed-state-v1";
+
     /// The state as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
@@ -128,10 +128,11 @@ impl PipelineState {
     pub fn from_json(text: &str) -> Result<PipelineState, ResumeError> {
         let s: PipelineState =
             serde_json::from_str(text).map_err(|e| ResumeError::Parse(e.to_string()))?;
-        if s.format != FORMAT {
+        if s.format != Self::FORMAT {
             return Err(ResumeError::Parse(format!(
-                "field `format` is {:?}, expected {FORMAT:?}",
-                s.format
+                "field `format` is {:?}, expected {:?}",
+                s.format,
+                Self::FORMAT
             )));
         }
         Ok(s)

@@ -57,7 +57,7 @@ pub(crate) struct TraceSink {
 }
 
 impl TraceSink {
-    pub fn new(max: usize, names: Vec<String>) -> Self {
+    pub(crate) fn new(max: usize, names: Vec<String>) -> Self {
         TraceSink {
             t0: Instant::now(),
             max,
@@ -68,16 +68,16 @@ impl TraceSink {
             dropped: AtomicU64::new(0),
         }
     }
-    pub fn ns(&self, t: Instant) -> u64 {
+    pub(crate) fn ns(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.t0).as_nanos() as u64
     }
-    pub fn name_thread(&self, tid: u32, name: String) {
+    pub(crate) fn name_thread(&self, tid: u32, name: String) {
         if let Ok(mut t) = self.threads.lock() {
             t.push((tid, name));
         }
     }
     /// Moves a worker's buffered events in, keeping the bound.
-    pub fn flush(&self, buf: &mut Vec<TraceEvent>) {
+    pub(crate) fn flush(&self, buf: &mut Vec<TraceEvent>) {
         if buf.is_empty() {
             return;
         }
@@ -92,7 +92,7 @@ impl TraceSink {
     }
     /// Records a counter sample (a Perfetto counter track per `name`, one
     /// series per key of `values`), within the same bound as the events.
-    pub fn counter(&self, ts_ns: u64, name: &'static str, values: serde_json::Value) {
+    pub(crate) fn counter(&self, ts_ns: u64, name: &'static str, values: serde_json::Value) {
         let mut c = self.counters.lock_unpoisoned();
         if c.len() < self.max {
             c.push((ts_ns, name, values));
@@ -101,7 +101,7 @@ impl TraceSink {
         }
     }
     /// The trace as Chrome trace-event JSON.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         let events = self.events.lock_unpoisoned();
         let threads = self.threads.lock_unpoisoned();
         let us = |ns: u64| ns as f64 / 1e3;

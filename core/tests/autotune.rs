@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferrofeed_core::prelude::*;
-use ferrofeed_core::source::ShardIter;
 use ferrofeed_core::PipelineBuilder;
+use ferrofeed_core::ShardIter;
 
 mod common;
 use common::ff_threads;

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ferrofeed_core::prelude::*;
-use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::ShardIter;
 
 /// A source item: small (a file path, a few bytes).
 #[derive(Clone)]

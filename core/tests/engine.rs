@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrofeed_core::prelude::*;
-use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::ShardIter;
 use ferrofeed_core::{BuildError, ErrorKind};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -341,7 +341,7 @@ fn retry_recovers_transient_failures_and_counts_them() {
             StageOptions::new().on_error(ErrorPolicy::Retry {
                 attempts: 3,
                 backoff: Duration::from_millis(1),
-                then: ferrofeed_core::error::RetryThen::Fail,
+                then: ferrofeed_core::RetryThen::Fail,
             }),
             move |v: Val, ctx: &StageCtx| {
                 t2.fetch_add(1, Ordering::Relaxed);
@@ -491,6 +491,52 @@ fn inspect_pulls_one_sample_through_every_stage() {
     assert!(r.steps[1].components[0].1.contains("84"));
     let past = p.inspect(50, 0).unwrap_err().to_string();
     assert!(past.contains("the dataset has 50 samples"), "{past}");
+}
+
+/// `inspect` runs the pipeline's own plan: a stage's own policy applies
+/// (here a retry that succeeds on the second try), and a skip under the
+/// pipeline's policy is the inspected sample's error, named by the stage.
+#[test]
+fn inspect_runs_each_stage_under_its_own_policy() {
+    let tries = Arc::new(AtomicUsize::new(0));
+    let t = Arc::clone(&tries);
+    let p = Pipeline::builder(Keyed(vals(10)))
+        .map_with(
+            "flaky",
+            StageOptions::new().on_error(ErrorPolicy::Retry {
+                attempts: 2,
+                backoff: Duration::from_millis(1),
+                then: ferrofeed_core::RetryThen::Fail,
+            }),
+            move |v: Val, _: &StageCtx| {
+                if t.fetch_add(1, Ordering::SeqCst) == 0 {
+                    Err("transient".into())
+                } else {
+                    Ok(v)
+                }
+            },
+        )
+        .map("odd", |v: Val, _: &StageCtx| {
+            if v.0 % 2 == 1 {
+                Err("odd value".into())
+            } else {
+                Ok(v)
+            }
+        })
+        .on_error(ErrorPolicy::Skip)
+        .collate(StackCollate::new().column::<Val>("v"))
+        .build()
+        .unwrap();
+    let r = p.inspect(4, 0).unwrap();
+    assert_eq!(
+        tries.load(Ordering::SeqCst),
+        2,
+        "retried once, as in an epoch"
+    );
+    assert_eq!(r.steps.len(), 4);
+    let e = p.inspect(3, 0).unwrap_err();
+    assert_eq!((e.index, e.stage.as_str()), (Some(3), "odd"));
+    assert_eq!(e.path.as_deref(), Some("file-3.bin"));
 }
 
 /// Shards of consecutive numbers; shard 2 fails to open when asked.

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrofeed_core::prelude::*;
-use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::ShardIter;
 use ferrofeed_core::{
     BatchSampler, ClassBalanced, ContiguousWindows, FixedBatches, PipelineState, PlanCtx, Shard,
 };

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use ferrofeed_core::prelude::*;
-use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::ShardIter;
 
 struct Shards;
 impl IterableSource for Shards {

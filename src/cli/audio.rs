@@ -12,7 +12,7 @@ use ferrofeed_audio::{
     synth, AudioFiles, DecodeOptions, FeatureCollate, FeatureConfig, FeatureKind, FeatureStage,
     NonFinite, StreamOptions,
 };
-use ferrofeed_core::source::STREAM_POSITION_BITS;
+use ferrofeed_core::STREAM_POSITION_BITS;
 use ferrofeed_core::{Batch, Parallelism, Pipeline, StageOptions};
 use serde_json::json;
 
@@ -232,7 +232,7 @@ fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
 
 pub fn run(a: AudioArgs) -> Result<(), CliError> {
     let c = &a.common;
-    let resources = ferrofeed_core::resources::Resources::detect();
+    let resources = ferrofeed_core::Resources::detect();
     for w in &resources.warnings {
         tracing::warn!("{w}: falling back");
     }

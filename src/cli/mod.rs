@@ -149,7 +149,7 @@ impl CommonArgs {
     pub fn configure(
         &self,
         b: ferrofeed_core::PipelineBuilder,
-        resources: &ferrofeed_core::resources::Resources,
+        resources: &ferrofeed_core::Resources,
         cpus: usize,
     ) -> Result<ferrofeed_core::PipelineBuilder, run::CliError> {
         let b = b

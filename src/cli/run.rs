@@ -185,7 +185,7 @@ pub struct RunSpec<'a> {
     /// chunks): the entries of one delivered batch. `--dump`'s `index.json`
     /// then lists every delivered sample, written at the end of the run.
     pub index_of_batch: Option<&'a BatchIndexFn<'a>>,
-    pub resources: &'a ferrofeed_core::resources::Resources,
+    pub resources: &'a ferrofeed_core::Resources,
     /// Called after each epoch (text prints its padding waste).
     pub epoch_end: &'a dyn Fn(u64),
     /// Domain figures for the report, given the run's seconds.
@@ -199,7 +199,7 @@ impl<'a> RunSpec<'a> {
         pipeline: &'a Pipeline,
         common: &'a CommonArgs,
         index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
-        resources: &'a ferrofeed_core::resources::Resources,
+        resources: &'a ferrofeed_core::Resources,
     ) -> Self {
         RunSpec {
             domain,

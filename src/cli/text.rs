@@ -121,7 +121,7 @@ fn tokenizer(o: &TextOpts) -> Result<TextTokenizer, CliError> {
 pub fn run(a: TextArgs) -> Result<(), CliError> {
     let c = &a.common;
     let o = &a.text;
-    let resources = ferrofeed_core::resources::Resources::detect();
+    let resources = ferrofeed_core::Resources::detect();
     for w in &resources.warnings {
         tracing::warn!("{w}: falling back");
     }

@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
 use ferrofeed_stages::device::{PinMode, PinnedPool};
 use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
-use ferrofeed_vision::cache::ImageCache;
 use ferrofeed_vision::jpeg::ScanIndex;
+use ferrofeed_vision::ImageCache;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 use serde_json::json;
 
@@ -148,13 +148,8 @@ fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
                 dir.display()
             );
         }
-        synth::write_dataset(
-            &dir,
-            DEFAULT_COUNT,
-            0,
-            ferrofeed_core::builder::available_cpus(),
-        )
-        .map_err(CliError::io(&dir))?;
+        synth::write_dataset(&dir, DEFAULT_COUNT, 0, ferrofeed_core::available_cpus())
+            .map_err(CliError::io(&dir))?;
     }
     Ok(dir)
 }
@@ -299,7 +294,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         seek: None,
     };
     let c = &a.common;
-    let resources = ferrofeed_core::resources::Resources::detect();
+    let resources = ferrofeed_core::Resources::detect();
     // Marks pay for themselves from the second epoch on.
     let index_bytes = a.vision.scan_index.unwrap_or(
         usize::try_from((resources.memory_bytes / 16).min(1 << 30)).unwrap_or(usize::MAX),
@@ -436,7 +431,7 @@ pub fn make_dataset(m: &MakeVisionArgs) -> Result<(), CliError> {
         &a.dir,
         a.count,
         a.seed,
-        ferrofeed_core::builder::available_cpus(),
+        ferrofeed_core::available_cpus(),
         m.image_size,
     )
     .map_err(CliError::io(&a.dir))?;

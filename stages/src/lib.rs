@@ -12,10 +12,11 @@
 //! assert_eq!(Label(4).0, 4);
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
-pub mod components;
+mod components;
 pub mod device;
-pub mod readers;
+mod readers;
 
 pub use components::{Bytes, FilePath, Label};
 pub use readers::files::{Files, LabeledFiles, ReadFile};

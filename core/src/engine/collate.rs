@@ -39,7 +39,7 @@ impl Worker {
             && log.fail.is_none()
             && matches!(shared.source, ErasedSource::Iter { .. })
             && !table.is_empty()
-            && table.len() < shared.cfg.batch_size
+            && table.len() < shared.cfg.batching.size
         {
             // Held, it weighs what it holds (not what admission reserved).
             let mut lease = lease;
@@ -60,7 +60,7 @@ impl Worker {
         let mut b = 0;
         let map_task = matches!(shared.source, ErasedSource::Map { .. });
         let rows_in = table.len() as u64;
-        let t0 = shared.cfg.metrics.then(Instant::now);
+        let t0 = shared.cfg.recording.metrics.then(Instant::now);
         // Batch row ranges, recomputed only when a skip removes rows.
         let mut ranges: Vec<Range<usize>> = table.batches().collect();
         while let Some(range) = ranges.get(b).cloned() {

@@ -21,6 +21,10 @@
 //! - **State.** What the threads share is [`shared::Shared`]; an epoch's
 //!   run and the messages between threads are in [`messages`]; the monitor
 //!   thread (timeline, autotuner) is [`monitor`].
+//! - **One sample, one thread.** [`local`] runs the same plan — the feed's
+//!   reader, every stage node under its policy, the collate — for one sample
+//!   in the calling thread with the workers' row executor; `inspect` is
+//!   built on it.
 //!
 //! ```text
 //! source ─▶ [segment 0: read+decode ×N] ─queue─▶ [segment 1: collate ×M] ─▶ consumer (reorder by key)
@@ -30,6 +34,7 @@
 pub(crate) mod collate;
 pub(crate) mod counters;
 pub(crate) mod feed;
+pub(crate) mod local;
 pub(crate) mod messages;
 pub(crate) mod monitor;
 pub(crate) mod plan;
@@ -39,6 +44,7 @@ pub(crate) mod worker;
 
 pub(crate) use self::counters::*;
 pub(crate) use self::feed::iterable::*;
+pub(crate) use self::local::Local;
 pub(crate) use self::messages::*;
 pub(crate) use self::monitor::*;
 pub(crate) use self::plan::*;

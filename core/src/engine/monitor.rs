@@ -20,8 +20,7 @@ pub(crate) fn monitor_main(shared: Arc<Shared>, stop: flume::Receiver<()>) {
     let mut est: Vec<Option<(f64, f64)>> = vec![None; shared.segments.len()];
     // The tuner's first look comes early so a fresh pool leaves its single
     // worker soon.
-    let mut next_tune =
-        Instant::now() + shared.cfg.autotune_interval.min(Duration::from_millis(20));
+    let mut next_tune = Instant::now() + shared.cfg.tuning.interval.min(Duration::from_millis(20));
     loop {
         let now_ns = shared.t0.elapsed().as_nanos() as u64;
         let due_ns = shared.timeline_next_ns.load(Ordering::Relaxed);
@@ -35,14 +34,14 @@ pub(crate) fn monitor_main(shared: Arc<Shared>, stop: flume::Receiver<()>) {
         ) {
             return;
         }
-        if shared.cfg.metrics
+        if shared.cfg.recording.metrics
             && shared.t0.elapsed().as_nanos() as u64
                 >= shared.timeline_next_ns.load(Ordering::Relaxed)
         {
             shared.sample_timeline();
         }
         if tuned && Instant::now() >= next_tune {
-            next_tune = Instant::now() + shared.cfg.autotune_interval;
+            next_tune = Instant::now() + shared.cfg.tuning.interval;
             tune_step(&shared, &mut est);
         }
     }

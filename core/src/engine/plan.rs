@@ -22,6 +22,13 @@ pub(crate) struct StageNode {
     pub run: RunFn,
 }
 
+impl StageNode {
+    /// The policy this stage runs under: its own, else the pipeline's.
+    pub(crate) fn policy(&self, cfg: &Config) -> crate::ErrorPolicy {
+        self.opts.on_error.unwrap_or(cfg.policy)
+    }
+}
+
 pub(crate) struct Segment {
     pub(crate) stages: Range<usize>,
     /// Threads in the pool (for a tuned pool: the most it may use).
@@ -51,14 +58,14 @@ pub(crate) fn pool_label(stages: &[StageNode], seg: &Segment) -> String {
 pub(crate) fn fuse(stages: &[StageNode], cfg: &Config) -> Vec<Segment> {
     let mut segments: Vec<Segment> = Vec::new();
     for (i, st) in stages.iter().enumerate() {
-        let tuned = cfg.autotune && st.opts.workers == crate::stage::Parallelism::Auto;
+        let tuned = cfg.tuning.autotune && st.opts.workers == crate::stage::Parallelism::Auto;
         let w = if tuned {
-            cfg.autotune_max_workers
+            cfg.max_workers
         } else {
             st.opts.workers.resolve(cfg.cpus)
         };
         match segments.last_mut() {
-            Some(seg) if cfg.fuse && !tuned && !seg.tuned && seg.workers == w => {
+            Some(seg) if cfg.scheduling.fuse && !tuned && !seg.tuned && seg.workers == w => {
                 seg.stages.end = i + 1
             }
             _ => segments.push(Segment {

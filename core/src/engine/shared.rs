@@ -15,34 +15,50 @@ use std::time::{Duration, Instant};
 use crate::budget::ByteBudget;
 use crate::collate::Collate;
 use crate::error::ErrorPolicy;
+use crate::options::{Batching, Options, Recording, Scheduling, Shuffling, Tuning};
 
 use crate::sampler::{BatchSampler, Shard};
 
 use crate::engine::*;
 use crate::sync::LockExt;
 
+/// The settings the engine runs with: the builder's [`Options`], resolved
+/// (CPUs and the tuner's cap counted, minimums applied), and the batch
+/// stages.
 pub(crate) struct Config {
-    pub batch_stages: Vec<(String, Box<dyn crate::collate::BatchStage>)>,
-    pub shard: Shard,
-    pub shuffle_buffer: usize,
-    /// Shards of an iterable source read together, item by item, into the
-    /// same parts (1: one shard at a time).
-    pub interleave: usize,
-    pub seed: u64,
+    pub batching: Batching,
+    pub shuffling: Shuffling,
+    pub scheduling: Scheduling,
+    pub tuning: Tuning,
+    pub recording: Recording,
     pub policy: ErrorPolicy,
-    pub ordered: bool,
-    pub prefetch: Option<usize>,
+    pub shard: Shard,
+    /// What `Parallelism::Auto` resolves to.
     pub cpus: usize,
-    pub min_task_samples: usize,
-    pub fuse: bool,
-    pub autotune: bool,
-    pub autotune_max_workers: usize,
-    pub autotune_interval: Duration,
-    pub metrics: bool,
-    pub trace_max: Option<usize>,
-    pub batch_size: usize,
-    pub drop_last: bool,
-    pub shuffle: bool,
+    /// The most workers one tuned stage may have.
+    pub max_workers: usize,
+    pub batch_stages: Vec<(String, Box<dyn crate::collate::BatchStage>)>,
+}
+
+impl Config {
+    /// The settings as given to the builder, resolved.
+    pub(crate) fn options(&self) -> Options {
+        Options {
+            batching: self.batching,
+            shuffling: self.shuffling,
+            scheduling: Scheduling {
+                cpus: Some(self.cpus),
+                ..self.scheduling
+            },
+            tuning: Tuning {
+                max_workers: Some(self.max_workers),
+                ..self.tuning
+            },
+            recording: self.recording,
+            on_error: self.policy,
+            shard: self.shard,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -144,9 +160,9 @@ impl Shared {
         };
         let total_workers: usize = segments.iter().map(|s| s.workers).sum();
         let max_workers = segments.iter().map(|s| s.workers).max().unwrap_or(1);
-        let window = cfg.prefetch.unwrap_or((2 * max_workers).max(4)) as u64;
+        let window = cfg.scheduling.prefetch.unwrap_or((2 * max_workers).max(4)) as u64;
         let n = stages.len() + 2;
-        let trace = cfg.trace_max.map(|max| {
+        let trace = cfg.recording.trace_events.map(|max| {
             let mut names = vec!["source".to_string()];
             names.extend(stages.iter().map(|s| s.name.clone()));
             names.push("collate".to_string());

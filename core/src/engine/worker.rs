@@ -336,7 +336,7 @@ impl Worker {
             if window.is_some_and(|w| major >= next + w) {
                 return false;
             }
-            let (Some(need), Some(one_batch)) = (need, shared.task_bytes(shared.cfg.batch_size))
+            let (Some(need), Some(one_batch)) = (need, shared.task_bytes(shared.cfg.batching.size))
             else {
                 return false;
             };
@@ -371,7 +371,7 @@ impl Worker {
         let tracing = shared.trace.is_some();
         let env = RunEnv {
             epoch: run.epoch,
-            seed: shared.cfg.seed,
+            seed: shared.cfg.shuffling.seed,
             cancel: &run.cancel,
             retries: policy.attempts(),
             every_row: time_all || watch || tracing,
@@ -392,7 +392,7 @@ impl Worker {
         };
         let rows_in = table.len() as u64;
         let _span = tracing::trace_span!("stage", name, rows = rows_in).entered();
-        let metrics = shared.cfg.metrics;
+        let metrics = shared.cfg.recording.metrics;
         let t0 = metrics.then(Instant::now);
         let result = stage_run(table, &env, &mut exec);
         if let (false, Some(t0)) = (time_all, t0) {
@@ -435,7 +435,7 @@ impl Worker {
                 return;
             }
             let node = &shared.stages[i];
-            let policy = node.opts.on_error.unwrap_or(shared.cfg.policy);
+            let policy = node.policy(&shared.cfg);
             let watch = node.opts.timeout.is_some();
             self.run_one(run, table, log, &node.run, i + 1, &node.name, policy, watch);
             lease.grow_to(table.nbytes());
@@ -485,7 +485,7 @@ pub(crate) fn worker_main(
     ctrl: flume::Receiver<Job>,
 ) {
     let mut worker = Worker::new(shared, seg, slot);
-    if worker.shared.cfg.autotune || worker.shared.cfg.metrics {
+    if worker.shared.cfg.tuning.autotune || worker.shared.cfg.recording.metrics {
         // CPU vs blocked time per task: the tuner's input, and the reports'
         // `cpu_fraction` (two reads of the thread's schedstat per task).
         worker.meter = Some(crate::autotune::TaskMeter::new());

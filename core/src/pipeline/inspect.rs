@@ -12,19 +12,20 @@
 //! assert_eq!(r.steps[1].stage, "double");
 //! ```
 
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use crate::error::{ErrorKind, SampleError};
-use crate::stage::{Exec, RowFate, RunEnv, RunFn};
-use crate::table::{BatchRows, Table};
+use crate::engine::Local;
+use crate::error::SampleError;
+use crate::table::Table;
 
 use super::Pipeline;
-use crate::engine::ErasedSource;
 
 impl Pipeline {
     /// Pulls sample `index` through the source and every stage in the
-    /// calling thread, recording each stage's components and time.
+    /// calling thread, recording each stage's components and time. It runs
+    /// the pipeline's own plan (each stage under its error policy, retries
+    /// included) on one thread; for an iterable source, `index` counts items
+    /// in shard order, unshuffled.
     pub fn inspect(&self, index: u64, epoch: u64) -> Result<InspectReport, SampleError> {
         self.inspect_with(index, epoch, |_, _| {})
     }
@@ -37,95 +38,9 @@ impl Pipeline {
         epoch: u64,
         mut hook: impl FnMut(&str, &Table),
     ) -> Result<InspectReport, SampleError> {
-        let cancel = AtomicBool::new(false);
-        let env = RunEnv {
-            epoch,
-            seed: self.shared.cfg.seed,
-            cancel: &cancel,
-            retries: self.shared.cfg.policy.attempts(),
-            every_row: false,
-        };
-        let run_stage = |table: &mut Table, f: &RunFn, stage: &str| -> Result<(), SampleError> {
-            let mut exec = InspectExec {
-                source: &self.shared.source,
-                policy: self.shared.cfg.policy,
-                stage,
-                error: None,
-            };
-            if let Err(c) = f(table, &env, &mut exec) {
-                exec.error.get_or_insert(SampleError::new(
-                    Some(index),
-                    self.shared.source.key_of(index),
-                    stage,
-                    ErrorKind::MissingComponent(c.short_name()),
-                    1,
-                ));
-            }
-            exec.error.map_or(Ok(()), Err)
-        };
+        let mut local = Local::new(&self.shared, epoch);
         let t0 = Instant::now();
-        let mut table = match &self.shared.source {
-            ErasedSource::Map { len, read, .. } => {
-                if index >= *len {
-                    return Err(SampleError::new(
-                        Some(index),
-                        None,
-                        "source",
-                        ErrorKind::Failed(format!(
-                            "index {index} is past the end: the dataset has {len} samples"
-                        )),
-                        1,
-                    ));
-                }
-                let mut t = Table::with_indices(vec![index]);
-                run_stage(&mut t, read, "source")?;
-                t
-            }
-            ErasedSource::Iter {
-                shards, open, key, ..
-            } => {
-                let mut seen = 0u64;
-                let mut found = None;
-                'shards: for shard in 0..*shards {
-                    let mut reader = open(shard, 0, 0)
-                        .map_err(|e| SampleError::from_box(None, Some(key(shard)), "source", &e))?;
-                    loop {
-                        let (t, errs, done) = reader.next_part(1);
-                        if let Some((idx, e)) = errs.into_iter().next() {
-                            if seen == index {
-                                return Err(SampleError::from_box(
-                                    Some(idx),
-                                    self.shared.source.key_of(idx),
-                                    "source",
-                                    &e,
-                                ));
-                            }
-                            seen += 1;
-                        } else if !t.is_empty() {
-                            if seen == index {
-                                found = Some(t);
-                                break 'shards;
-                            }
-                            seen += 1;
-                        }
-                        if done {
-                            break;
-                        }
-                    }
-                }
-                found.ok_or_else(|| {
-                    SampleError::new(
-                        Some(index),
-                        None,
-                        "source",
-                        ErrorKind::Failed(format!(
-                            "index {index} is past the end: the stream has {seen} samples"
-                        )),
-                        1,
-                    )
-                })?
-            }
-        };
+        let mut table = local.read(index)?;
         let idx = table.indices()[0];
         let mut steps = vec![InspectStep {
             stage: "source".into(),
@@ -133,9 +48,9 @@ impl Pipeline {
             components: describe(&table),
         }];
         hook("source", &table);
-        for node in &self.shared.stages {
+        for (i, node) in self.shared.stages.iter().enumerate() {
             let t = Instant::now();
-            run_stage(&mut table, &node.run, &node.name)?;
+            local.stage(&mut table, i)?;
             steps.push(InspectStep {
                 stage: node.name.clone(),
                 seconds: t.elapsed().as_secs_f64(),
@@ -144,16 +59,7 @@ impl Pipeline {
             hook(&node.name, &table);
         }
         let t = Instant::now();
-        let rows = BatchRows::new(&table, 0..1);
-        let batch = self.shared.collate.collate(&rows).map_err(|e| {
-            SampleError::new(
-                Some(idx),
-                self.shared.source.key_of(idx),
-                "collate",
-                ErrorKind::Failed(e.message),
-                1,
-            )
-        })?;
+        let batch = local.collate(&table)?;
         steps.push(InspectStep {
             stage: "collate".into(),
             seconds: t.elapsed().as_secs_f64(),
@@ -167,40 +73,6 @@ impl Pipeline {
             path: self.shared.source.key_of(idx),
             steps,
         })
-    }
-}
-
-/// Records the first failure of an inspected sample.
-struct InspectExec<'a> {
-    pub(crate) source: &'a ErasedSource,
-    pub(crate) policy: crate::error::ErrorPolicy,
-    pub(crate) stage: &'a str,
-    pub(crate) error: Option<SampleError>,
-}
-
-impl Exec for InspectExec<'_> {
-    fn begin(&mut self, _: usize, _: u64) {}
-    fn end(&mut self) {}
-    /// The policy's verdict, as in a run: a transient failure is retried;
-    /// a skip or a stop is the inspected sample's error.
-    fn fail(&mut self, index: u64, kind: ErrorKind, attempts: u32, may_retry: bool) -> RowFate {
-        let verdict = if may_retry {
-            self.policy.verdict(attempts)
-        } else {
-            self.policy.final_verdict()
-        };
-        if let crate::error::Verdict::Retry(backoff) = verdict {
-            std::thread::sleep(backoff);
-            return RowFate::Retry;
-        }
-        self.error.get_or_insert(SampleError::new(
-            Some(index),
-            self.source.key_of(index),
-            self.stage,
-            kind,
-            attempts,
-        ));
-        RowFate::Stop
     }
 }
 

@@ -267,7 +267,7 @@ impl<'p> EpochIter<'p> {
                 self.low = next;
             }
         }
-        if self.pipeline.shared.cfg.ordered {
+        if self.pipeline.shared.cfg.scheduling.ordered {
             self.next_key = if out.last {
                 Key {
                     major: out.next_major,
@@ -296,7 +296,7 @@ impl<'p> EpochIter<'p> {
             self.pending_err = Some(e);
         }
         if let Some((table, lease)) = out.rest {
-            let bs = self.pipeline.shared.cfg.batch_size;
+            let bs = self.pipeline.shared.cfg.batching.size;
             let key = out.key;
             if let Err(e) = self
                 .carry
@@ -431,7 +431,7 @@ impl Iterator for EpochIter<'_> {
                     // What is left of the short parts: the epoch's last batch
                     // (dropped with `drop_last`).
                     let rest = std::mem::take(&mut self.carry);
-                    if !self.pipeline.shared.cfg.drop_last {
+                    if !self.pipeline.shared.cfg.batching.drop_last {
                         let end = Key {
                             major: self.majors,
                             minor: 0,
@@ -443,7 +443,7 @@ impl Iterator for EpochIter<'_> {
                 self.finish(true);
                 return None;
             }
-            if self.pipeline.shared.cfg.ordered {
+            if self.pipeline.shared.cfg.scheduling.ordered {
                 if let Some(out) = self.reorder.remove(&self.next_key) {
                     self.absorb(out);
                     continue;
@@ -463,7 +463,7 @@ impl Iterator for EpochIter<'_> {
             self.watch_wait(w);
             match r {
                 Recv::Msg(out) => {
-                    if self.pipeline.shared.cfg.ordered && out.key != self.next_key {
+                    if self.pipeline.shared.cfg.scheduling.ordered && out.key != self.next_key {
                         self.reorder.insert(out.key, out);
                     } else {
                         self.absorb(out);

@@ -95,7 +95,7 @@ impl Pipeline {
             }
         }
         let mut monitor_stop = None;
-        if shared.cfg.metrics || shared.segments.iter().any(|s| s.tuned) {
+        if shared.cfg.recording.metrics || shared.segments.iter().any(|s| s.tuned) {
             let (tx, rx) = flume::bounded::<()>(1);
             let sh = Arc::clone(&shared);
             let h = std::thread::Builder::new()
@@ -129,8 +129,14 @@ impl Pipeline {
         self.len() == Some(0)
     }
 
+    /// The settings this pipeline runs with, resolved: CPUs and the tuner's
+    /// cap as counted at build time, minimums applied.
+    pub fn options(&self) -> crate::Options {
+        self.shared.cfg.options()
+    }
+
     /// The handle that stops this pipeline's epochs at the next batch, from
-    /// any thread or a signal handler (see [`crate::stop`]).
+    /// any thread or a signal handler (see [`StopHandle`](crate::StopHandle)).
     pub fn stop_handle(&self) -> crate::stop::StopHandle {
         self.shared.stop.clone()
     }
@@ -142,7 +148,7 @@ impl Pipeline {
 
     /// The seed.
     pub fn seed(&self) -> u64 {
-        self.shared.cfg.seed
+        self.shared.cfg.shuffling.seed
     }
 
     /// `(stage name, workers)` for the source and every stage (for a stage
@@ -168,7 +174,7 @@ impl Pipeline {
         match &self.shared.source {
             ErasedSource::Map { len, .. } => Some(self.shared.sampler.plan(&PlanCtx {
                 len: *len,
-                seed: self.shared.cfg.seed,
+                seed: self.shared.cfg.shuffling.seed,
                 epoch,
                 shard: self.shared.cfg.shard,
             })),
@@ -184,8 +190,8 @@ impl Pipeline {
             return None;
         };
         let cfg = &self.shared.cfg;
-        let all: Vec<usize> = if cfg.shuffle {
-            permutation(*shards as u64, cfg.seed, epoch)
+        let all: Vec<usize> = if cfg.shuffling.shuffle {
+            permutation(*shards as u64, cfg.shuffling.seed, epoch)
                 .into_iter()
                 .map(|s| s as usize)
                 .collect()
@@ -235,8 +241,8 @@ impl Pipeline {
             ErasedSource::Iter { shards, .. } => (None, Some(*shards as u64)),
         };
         crate::state::PipelineState {
-            format: crate::state::FORMAT.to_string(),
-            seed: self.shared.cfg.seed,
+            format: crate::PipelineState::FORMAT.to_string(),
+            seed: self.shared.cfg.shuffling.seed,
             epoch,
             position,
             dataset_len,
@@ -306,7 +312,7 @@ impl Pipeline {
             }
             ErasedSource::Iter { .. } => Work::Iter {
                 order: self.shard_order(epoch).unwrap_or_default(),
-                interleave: self.shared.cfg.interleave.max(1),
+                interleave: self.shared.cfg.shuffling.interleave.max(1),
                 skip_parts: begin.1,
             },
         };

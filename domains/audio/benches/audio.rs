@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ferrofeed_audio::stream::{ChunkStream, StreamResampler};
 use ferrofeed_audio::synth::{signal, write_flac, write_wav};
 use ferrofeed_audio::*;
+use ferrofeed_audio::{ChunkStream, StreamResampler};
 
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");

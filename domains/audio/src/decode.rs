@@ -8,7 +8,7 @@
 //! float WAV).
 //!
 //! ```no_run
-//! use ferrofeed_audio::decode::{DecodeOptions, Decoded};
+//! use ferrofeed_audio::{DecodeOptions, Decoded};
 //! let mut d = Decoded::open("speech.flac".as_ref(), &DecodeOptions::default()).unwrap();
 //! println!("{} Hz", d.sample_rate());
 //! while let Some(block) = d.next_block().unwrap() {

@@ -19,7 +19,7 @@
 //! // The loudest mel band of a 1 kHz tone is the one around 1 kHz.
 //! let mid = &f.data[..]; // [bins × frames]
 //! let band = (0..80).max_by(|&a, &b| mid[a * 101 + 50].total_cmp(&mid[b * 101 + 50])).unwrap();
-//! let centre = ferrofeed_audio::features::mel_to_hz(ferrofeed_audio::features::hz_to_mel(8000.0) * (band + 1) as f64 / 81.0);
+//! let centre = ferrofeed_audio::mel_to_hz(ferrofeed_audio::hz_to_mel(8000.0) * (band + 1) as f64 / 81.0);
 //! assert!((centre - 1000.0).abs() < 60.0, "band {band} at {centre} Hz");
 //! ```
 use std::sync::Arc;

@@ -20,19 +20,26 @@
 //! }
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
-pub mod decode;
-pub mod features;
-pub mod stage;
-pub mod stream;
+mod decode;
+mod features;
+mod stage;
+mod stream;
 pub mod synth;
 
-use std::path::PathBuf;
-
-pub use decode::{DecodeOptions, NonFinite};
-pub use features::{FeatureConfig, FeatureExtractor, FeatureKind, Features};
+pub use decode::{DecodeOptions, Decoded, NonFinite, MAX_SAMPLE_RATE};
+pub use features::{
+    db, hz_to_mel, mel_filterbank, mel_to_hz, FeatureConfig, FeatureExtractor, FeatureKind,
+    Features,
+};
 pub use stage::{ChunkFeatures, FeatureCollate, FeatureStage};
-pub use stream::{AudioChunk, AudioFiles, ChunkSpec, StreamOptions, AUDIO_EXTENSIONS};
+pub use stream::{
+    AudioChunk, AudioFiles, ChunkSpec, ChunkStream, Chunker, StreamOptions, StreamResampler,
+    AUDIO_EXTENSIONS,
+};
+
+use std::path::PathBuf;
 
 /// Audio pack errors.
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@
 //! ```
 use std::sync::Arc;
 
-use ferrofeed_core::table::BatchRows;
+use ferrofeed_core::BatchRows;
 use ferrofeed_core::{
     Batch, BoxError, BufferPool, BufferSource, Collate, CollateError, Component, ComponentId,
     DType, Stage, StageCtx, Tensor,

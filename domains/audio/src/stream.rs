@@ -13,7 +13,7 @@
 //! chunk; a file with no samples is an error.
 //!
 //! ```
-//! use ferrofeed_audio::stream::{Chunker, ChunkSpec};
+//! use ferrofeed_audio::{Chunker, ChunkSpec};
 //! let mut c = Chunker::new(ChunkSpec { chunk: 4, overlap: 1 }, 8000);
 //! let mut out = Vec::new();
 //! c.push(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &mut out);
@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ferrofeed_core::source::ShardIter;
+use ferrofeed_core::ShardIter;
 use ferrofeed_core::{BoxError, Component, IterableSource};
 use rubato::{FftFixedIn, Resampler};
 

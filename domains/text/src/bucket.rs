@@ -174,7 +174,7 @@ impl TokenBudget {
             self.cut(&order, false, &mut out);
             return out;
         }
-        let order = ferrofeed_core::sampler::permutation(n, seed, epoch);
+        let order = ferrofeed_core::permutation(n, seed, epoch);
         if self.packing {
             self.cut(&order, false, &mut out);
         } else {
@@ -276,7 +276,7 @@ mod tests {
         let s = TokenBudget::new(l.clone(), 8192).unwrap();
         let bucketed = s.padding_waste(0, 0);
         // The naive plan: shuffled, fixed 64 per batch.
-        let order = ferrofeed_core::sampler::permutation(l.len() as u64, 0, 0);
+        let order = ferrofeed_core::permutation(l.len() as u64, 0, 0);
         let (mut real, mut all) = (0usize, 0usize);
         for b in order.chunks(64) {
             let longest = b.iter().map(|&i| l[i as usize]).max().unwrap() as usize;

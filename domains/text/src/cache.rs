@@ -32,7 +32,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferrofeed_core::table::BatchRows;
+use ferrofeed_core::BatchRows;
 use ferrofeed_core::{
     Batch, BoxError, Collate, CollateError, ComponentId, ErrorPolicy, Parallelism, Pipeline,
     Source, StageOptions, Tensor,

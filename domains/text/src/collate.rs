@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use ferrofeed_core::{Collate, Table};
-//! use ferrofeed_core::table::BatchRows;
+//! use ferrofeed_core::BatchRows;
 //! use ferrofeed_text::{PadCollate, Tokens};
 //! let mut t = Table::with_indices(vec![0, 1]);
 //! t.insert_column(vec![Tokens(vec![101, 7, 102]), Tokens(vec![101, 102])]);
@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ferrofeed_core::table::BatchRows;
+use ferrofeed_core::BatchRows;
 use ferrofeed_core::{Batch, Collate, CollateError, ComponentId, DType, Tensor};
 
 use crate::tokenize::Tokens;

@@ -159,7 +159,7 @@ fn strip_cr(line: &[u8]) -> &[u8] {
 /// exactly once.
 ///
 /// ```
-/// use ferrofeed_text::corpus::line_starts_in;
+/// use ferrofeed_text::line_starts_in;
 /// let data = b"ab\ncd\nef";
 /// assert_eq!(line_starts_in(data, 0..8), vec![0, 3, 6]);
 /// let split: Vec<u64> = [0..4, 4..8].into_iter().flat_map(|r| line_starts_in(data, r)).collect();

@@ -32,20 +32,26 @@
 //! assert_eq!(seen, 200);
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
-pub mod bucket;
-pub mod cache;
-pub mod collate;
-pub mod corpus;
-pub mod tokenize;
-
-use std::path::PathBuf;
+mod bucket;
+mod cache;
+mod collate;
+mod corpus;
+mod tokenize;
 
 pub use bucket::TokenBudget;
 pub use cache::{CacheOptions, TokenCache};
 pub use collate::{PackCollate, PadCollate, PaddingStats};
-pub use corpus::{CorpusOptions, EmptyLines, Text, TextCorpus, Utf8Policy, TEXT_EXTENSIONS};
-pub use tokenize::{TextTokenizer, TokenStats, Tokenize, Tokens, EMBEDDED_TOKENIZER};
+pub use corpus::{
+    file_line_starts, line_starts_in, parse_line, CorpusOptions, EmptyLines, Text, TextCorpus,
+    Utf8Policy, TEXT_EXTENSIONS,
+};
+pub use tokenize::{
+    TextTokenizer, TokenStats, Tokenize, Tokens, EMBEDDED_TOKENIZER, WORD_CACHE_BYTES,
+};
+
+use std::path::PathBuf;
 
 /// The embedded default corpus: the Python Language Reference topics
 /// (PSF License, see `data/NOTICE`), one paragraph per line.

@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ferrofeed_core::rng::sample_rng;
-use ferrofeed_core::table::BatchRows;
+use ferrofeed_core::BatchRows;
 use ferrofeed_core::{Collate, Table};
 use ferrofeed_stages::Label;
 use ferrofeed_vision::{

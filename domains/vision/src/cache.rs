@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use ferrofeed_vision::{cache::ImageCache, Image};
+//! use ferrofeed_vision::{Image, ImageCache};
 //! let cache = ImageCache::new(100);
 //! cache.insert(7, Arc::new(Image::new(4, 4, vec![0; 48]).unwrap()));
 //! cache.insert(8, Arc::new(Image::new(4, 4, vec![1; 48]).unwrap()));

@@ -26,24 +26,26 @@
 //! assert_eq!(batch.get("images").unwrap().shape(), &[3, 3, 64, 64]);
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
-pub mod cache;
-pub mod decode;
-pub mod image;
+mod cache;
+mod decode;
+mod image;
 pub mod jpeg;
 pub mod libjpeg;
 pub mod resample;
 pub mod synth;
-pub mod transform;
+mod transform;
 
+pub use cache::ImageCache;
 pub use decode::{
-    decode, jpeg_header, jpeg_orientation, peek_dimensions, Backend, DecodeError, DecodeOptions,
-    JpegHeader,
+    decode, jpeg_header, jpeg_orientation, orient, peek_dimensions, Backend, DecodeError,
+    DecodeOptions, JpegHeader,
 };
 pub use image::{Image, NormalizedImage};
 pub use transform::{
     center_crop_box, eval_resize_size, random_resized_crop_box, resize_crop, CropBox,
-    DecodeTransform, Normalize, Plan, ResizeTo, Transform,
+    DecodeTransform, Normalize, Plan, ResizeTo, Transform, DEFAULT_SEEK_BYTES,
 };
 
 use ferrofeed_core::StackCollate;

@@ -36,7 +36,7 @@ pub struct Region {
 mod ffi {
     use std::os::raw::{c_char, c_int, c_uchar, c_ulong};
     extern "C" {
-        pub fn ff_jpeg_header(
+        pub(super) fn ff_jpeg_header(
             data: *const c_uchar,
             len: c_ulong,
             width: *mut c_int,
@@ -45,7 +45,7 @@ mod ffi {
             msg_cap: c_ulong,
         ) -> c_int;
         #[allow(clippy::too_many_arguments)]
-        pub fn ff_jpeg_decode_region(
+        pub(super) fn ff_jpeg_decode_region(
             data: *const c_uchar,
             len: c_ulong,
             data2: *const c_uchar,

@@ -10,7 +10,7 @@ use super::CudaError;
 
 /// Runs a driver call; cudarc panics when the library or a symbol is
 /// missing, which becomes an error here.
-pub fn guarded<T>(f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, CudaError> {
+pub(super) fn guarded<T>(f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, CudaError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(driver_error(&e, 0)),
@@ -20,7 +20,7 @@ pub fn guarded<T>(f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, CudaE
     }
 }
 
-pub fn driver_error(e: &DriverError, bytes: usize) -> CudaError {
+pub(super) fn driver_error(e: &DriverError, bytes: usize) -> CudaError {
     let message = format!("{e:?}");
     if message.contains("OUT_OF_MEMORY") {
         CudaError::OutOfMemory { bytes, message }
@@ -29,7 +29,7 @@ pub fn driver_error(e: &DriverError, bytes: usize) -> CudaError {
     }
 }
 
-pub fn device_count() -> Result<usize, CudaError> {
+pub(super) fn device_count() -> Result<usize, CudaError> {
     // SAFETY: only probes whether the library can be loaded.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(CudaError::NoDriver);
@@ -44,12 +44,12 @@ pub fn device_count() -> Result<usize, CudaError> {
     Ok(n as usize)
 }
 
-pub fn open(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+pub(super) fn open(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
     guarded(|| CudaContext::new(ordinal))
 }
 
 /// A page-locked host allocation and a pointer to its bytes.
-pub struct Pinned {
+pub(super) struct Pinned {
     pub slice: PinnedHostSlice<u8>,
     pub ptr: *mut u8,
 }
@@ -57,7 +57,7 @@ pub struct Pinned {
 unsafe impl Send for Pinned {}
 unsafe impl Sync for Pinned {}
 
-pub fn alloc_pinned(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pinned, CudaError> {
+pub(super) fn alloc_pinned(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pinned, CudaError> {
     // SAFETY: the memory is uninitialised; callers write before reading
     // (collate writes every element). Flags 0: plain page-locked memory,
     // readable by the CPU at full speed (not write-combined).
@@ -66,17 +66,17 @@ pub fn alloc_pinned(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pinned, Cuda
     Ok(Pinned { slice, ptr })
 }
 
-pub struct Copier {
+pub(super) struct Copier {
     pub stream: Arc<CudaStream>,
 }
 
 impl Copier {
-    pub fn new(ordinal: usize) -> Result<Copier, CudaError> {
+    pub(super) fn new(ordinal: usize) -> Result<Copier, CudaError> {
         let ctx = open(ordinal)?;
         let stream = guarded(|| ctx.new_stream())?;
         Ok(Copier { stream })
     }
-    pub fn htod(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, CudaError> {
+    pub(super) fn htod(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, CudaError> {
         match catch_unwind(AssertUnwindSafe(|| self.stream.clone_htod(bytes))) {
             Ok(Ok(d)) => Ok(d),
             Ok(Err(e)) => Err(driver_error(&e, bytes.len())),
@@ -85,10 +85,10 @@ impl Copier {
             )),
         }
     }
-    pub fn synchronize(&self) -> Result<(), CudaError> {
+    pub(super) fn synchronize(&self) -> Result<(), CudaError> {
         guarded(|| self.stream.synchronize())
     }
-    pub fn dtoh(&self, d: &CudaSlice<u8>) -> Result<Vec<u8>, CudaError> {
+    pub(super) fn dtoh(&self, d: &CudaSlice<u8>) -> Result<Vec<u8>, CudaError> {
         guarded(|| self.stream.clone_dtoh(d))
     }
 }

@@ -4,10 +4,10 @@
 //! toolkit or driver, where pinning falls back to host memory (or, when
 //! demanded strictly, reports "no CUDA device").
 //!
-//! - [`PinnedPool`] is a [`BufferSource`] for collate: batches are written
+//! - [`PinnedPool`] is a [`BufferSource`](ferrofeed_core::BufferSource) for collate: batches are written
 //!   straight into a fixed number of recycled page-locked buffers, which go
 //!   back to the pool when the batch is dropped.
-//! - [`Transfer`] is a [`BatchStage`]: in the worker that built the batch, it
+//! - [`Transfer`] is a [`BatchStage`](ferrofeed_core::BatchStage): in the worker that built the batch, it
 //!   copies every column to the device selected by `LOCAL_RANK` on its own
 //!   stream, so the copy of batch k+1 overlaps the consumer's use of batch k;
 //!   the batch then carries [`DeviceColumns`].

@@ -6,6 +6,6 @@
 //! let folder = ImageFolder::scan("data/train", &["jpg", "jpeg", "png"]).unwrap();
 //! println!("{} images in {} classes", folder.files().len(), folder.classes().len());
 //! ```
-pub mod files;
-pub mod folder;
-pub mod tar;
+pub(crate) mod files;
+pub(crate) mod folder;
+pub(crate) mod tar;

@@ -204,6 +204,7 @@ impl Carry {
 pub(crate) fn open_group(
     shared: &Shared,
     shards: &[usize],
+    buffer: usize,
     seed: u64,
     stats: &mut LocalStats,
     log: &mut TaskLog,
@@ -216,7 +217,7 @@ pub(crate) fn open_group(
     for &shard in shards {
         let mut failures = 0;
         loop {
-            match open(shard, shared.cfg.shuffle_buffer, seed) {
+            match open(shard, buffer, seed) {
                 Ok(r) => {
                     match &mut reader {
                         Some(base) => base.merge(r.into_any()),
@@ -245,6 +246,52 @@ pub(crate) fn open_group(
         }
     }
     reader
+}
+
+/// The `n`-th item of the stream in shard order, unshuffled (what
+/// [`crate::Pipeline::inspect`] reads): each shard opened under the policy
+/// as a worker opens it, an item that fails to read counted as an item.
+/// `Ok(None)` when the stream is shorter, with its length; an open that
+/// must stop the epoch leaves its error in `log`.
+pub(crate) fn nth_item(
+    shared: &Shared,
+    n: u64,
+    stats: &mut LocalStats,
+    log: &mut TaskLog,
+) -> Result<Table, (Option<u64>, BoxError)> {
+    let ErasedSource::Iter { shards, .. } = &shared.source else {
+        return Err((None, "not an iterable source".into()));
+    };
+    let mut seen = 0u64;
+    for shard in 0..*shards {
+        let Some(mut reader) = open_group(shared, &[shard], 0, 0, stats, log) else {
+            if log.fail.is_some() {
+                return Err((None, "the shard could not be opened".into()));
+            }
+            continue;
+        };
+        loop {
+            let (t, errs, done) = reader.next_part(1);
+            if let Some((idx, e)) = errs.into_iter().next() {
+                if seen == n {
+                    return Err((Some(idx), e));
+                }
+                seen += 1;
+            } else if !t.is_empty() {
+                if seen == n {
+                    return Ok(t);
+                }
+                seen += 1;
+            }
+            if done {
+                break;
+            }
+        }
+    }
+    Err((
+        None,
+        format!("index {n} is past the end: the stream has {seen} samples").into(),
+    ))
 }
 
 /// The seed of a shard group's shuffle buffer: drawn from its first shard.
@@ -372,16 +419,23 @@ impl Worker {
             )));
         }
         let shards = &order[lo..(lo + g).min(order.len())];
-        let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
+        let seed = group_seed(shared.cfg.shuffling.seed, run.epoch, shards[0]);
         let policy = shared.cfg.policy;
         // A shard skipped here was skipped (and reported) in the run that
         // saved the state, too: this log is not reported again.
         let mut log = TaskLog::default();
-        let reader = open_group(&shared, shards, seed, &mut self.stats, &mut log);
+        let reader = open_group(
+            &shared,
+            shards,
+            shared.cfg.shuffling.shuffle_buffer,
+            seed,
+            &mut self.stats,
+            &mut log,
+        );
         if let Some(e) = log.fail {
             return Err(e);
         }
-        let bs = shared.cfg.batch_size;
+        let bs = shared.cfg.batching.size;
         let Some(mut reader) = reader else {
             return Ok((Table::new(), shared.budget.lease(0)));
         };
@@ -421,7 +475,7 @@ impl Worker {
         let ErasedSource::Iter { .. } = &shared.source else {
             return;
         };
-        let bs = shared.cfg.batch_size;
+        let bs = shared.cfg.batching.size;
         let policy = shared.cfg.policy;
         let tuned = shared.segments[0].tuned;
         let g = group.max(1);
@@ -447,8 +501,15 @@ impl Worker {
             self.meter_begin();
             let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
-            let seed = group_seed(shared.cfg.seed, run.epoch, shards[0]);
-            let reader = open_group(&shared, shards, seed, &mut self.stats, &mut log);
+            let seed = group_seed(shared.cfg.shuffling.seed, run.epoch, shards[0]);
+            let reader = open_group(
+                &shared,
+                shards,
+                shared.cfg.shuffling.shuffle_buffer,
+                seed,
+                &mut self.stats,
+                &mut log,
+            );
             let Some(mut reader) = reader.filter(|_| log.fail.is_none()) else {
                 let msg = TaskMsg {
                     key: Key { major: t, minor: 0 },

@@ -23,7 +23,7 @@ impl Worker {
         let cfg = &self.shared.cfg;
         let nb = plan.num_batches().max(1);
         let mean_batch = (plan.indices.len() / nb).max(1);
-        let floor = cfg.min_task_samples.div_ceil(mean_batch).max(1);
+        let floor = cfg.scheduling.min_task_samples.div_ceil(mean_batch).max(1);
         let mut k = if self.ns_per_batch > 0.0 {
             ((TARGET_TASK_NS / self.ns_per_batch) as usize).max(floor)
         } else {
