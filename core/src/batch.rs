@@ -83,24 +83,14 @@ pub trait Element: bytemuck::Pod + Send + Sync + 'static {
     /// Its dtype.
     const DTYPE: DType;
 }
-impl Element for u8 {
-    const DTYPE: DType = DType::U8;
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => {
+        $(impl Element for $t {
+            const DTYPE: DType = DType::$d;
+        })*
+    };
 }
-impl Element for i16 {
-    const DTYPE: DType = DType::I16;
-}
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-}
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-}
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-}
-impl Element for f64 {
-    const DTYPE: DType = DType::F64;
-}
+element!(u8 => U8, i16 => I16, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
 
 /// Memory a tensor can live in besides its own allocation (pinned host
 /// memory from a pool, a memory map…). Dropping it returns it to its owner.

@@ -146,11 +146,12 @@ impl<T: bytemuck::Pod + Send + Sync + fmt::Debug> Component for Arc<[T]> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// A test component.
     #[derive(Clone, Debug, PartialEq)]
-    struct Label(i64);
+    pub(crate) struct Label(pub(crate) i64);
     impl Component for Label {
         fn nbytes(&self) -> usize {
             8

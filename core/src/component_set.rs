@@ -122,14 +122,7 @@ tuple_set!((A, a), (B, b), (C, c), (D, d), (E, e), (F, f));
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Clone, Debug, PartialEq)]
-    struct Label(i64);
-    impl Component for Label {
-        fn nbytes(&self) -> usize {
-            8
-        }
-    }
+    use crate::component::tests::Label;
 
     #[test]
     fn tuples_take_all_or_nothing() {

@@ -388,10 +388,10 @@ impl Transform {
                 (region, w, h, false)
             }
             Transform::Train {
-                size,
                 scale,
                 ratio,
                 flip_p,
+                size,
             } => {
                 let b = random_resized_crop_box(rng, width, height, scale, ratio);
                 let flip = rng.random::<f64>() < flip_p;

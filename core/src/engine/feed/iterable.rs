@@ -310,6 +310,20 @@ impl Drop for ReaderGuard<'_> {
 }
 
 impl Worker {
+    /// Opens an epoch's shard group as [`open_group`] does, with the
+    /// pipeline's shuffle buffer seeded for the group.
+    fn open_epoch_group(
+        &mut self,
+        epoch: u64,
+        shards: &[usize],
+        log: &mut TaskLog,
+    ) -> Option<Box<dyn ShardReader>> {
+        let shared = Arc::clone(&self.shared);
+        let seed = group_seed(shared.cfg.shuffling.seed, epoch, shards[0]);
+        let buffer = shared.cfg.shuffling.shuffle_buffer;
+        open_group(&shared, shards, buffer, seed, &mut self.stats, log)
+    }
+
     /// Reads shard groups (each claimed by one worker, its shards opened and
     /// read part by part in order) and runs the first segment over the parts.
     /// A reader hands a part to a worker that has no group left, when one is
@@ -419,19 +433,11 @@ impl Worker {
             )));
         }
         let shards = &order[lo..(lo + g).min(order.len())];
-        let seed = group_seed(shared.cfg.shuffling.seed, run.epoch, shards[0]);
         let policy = shared.cfg.policy;
         // A shard skipped here was skipped (and reported) in the run that
         // saved the state, too: this log is not reported again.
         let mut log = TaskLog::default();
-        let reader = open_group(
-            &shared,
-            shards,
-            shared.cfg.shuffling.shuffle_buffer,
-            seed,
-            &mut self.stats,
-            &mut log,
-        );
+        let reader = self.open_epoch_group(run.epoch, shards, &mut log);
         if let Some(e) = log.fail {
             return Err(e);
         }
@@ -501,15 +507,7 @@ impl Worker {
             self.meter_begin();
             let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
-            let seed = group_seed(shared.cfg.shuffling.seed, run.epoch, shards[0]);
-            let reader = open_group(
-                &shared,
-                shards,
-                shared.cfg.shuffling.shuffle_buffer,
-                seed,
-                &mut self.stats,
-                &mut log,
-            );
+            let reader = self.open_epoch_group(run.epoch, shards, &mut log);
             let Some(mut reader) = reader.filter(|_| log.fail.is_none()) else {
                 let msg = TaskMsg {
                     key: Key { major: t, minor: 0 },
