@@ -30,6 +30,7 @@
 
 mod cache;
 mod decode;
+mod fused;
 mod image;
 pub mod jpeg;
 pub mod libjpeg;
@@ -42,10 +43,11 @@ pub use decode::{
     decode, jpeg_header, jpeg_orientation, orient, peek_dimensions, Backend, DecodeError,
     DecodeOptions, JpegHeader,
 };
+pub use fused::{DecodeTransform, DEFAULT_SEEK_BYTES};
 pub use image::{Image, NormalizedImage};
 pub use transform::{
-    center_crop_box, eval_resize_size, random_resized_crop_box, resize_crop, CropBox,
-    DecodeTransform, Normalize, Plan, ResizeTo, Transform, DEFAULT_SEEK_BYTES,
+    center_crop_box, eval_resize_size, random_resized_crop_box, resize_crop, CropBox, Normalize,
+    Plan, ResizeTo, Transform,
 };
 
 use ferrofeed_core::StackCollate;
