@@ -21,3 +21,9 @@ pub use ferrofeed_stages as stages;
 pub use ferrofeed_text as text;
 #[cfg(feature = "vision")]
 pub use ferrofeed_vision as vision;
+
+/// The built-in domain jobs behind the `ferrofeed` command and the Python
+/// package: each domain's settings (defined once, as the command's flags),
+/// the pipeline they build, and the run loop.
+#[cfg(all(feature = "vision", feature = "text", feature = "audio"))]
+pub mod jobs;

@@ -7,7 +7,6 @@
 //! ferrofeed inspect vision DIR --index 42 --out /tmp/look
 //! ferrofeed make-dataset vision DIR --count 2000
 //! ```
-mod cli;
 
 // Workers allocate and free image-sized buffers at a high rate, often on
 // different threads; mimalloc's thread-local free lists keep that off the
@@ -32,5 +31,5 @@ fn main() {
     // without the flag keeps its default.
     // SAFETY: a plain prctl on this process, before any worker thread starts.
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    std::process::exit(cli::main());
+    std::process::exit(ferrofeed::jobs::main());
 }

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use ferrofeed_audio::{
@@ -16,7 +17,7 @@ use ferrofeed_core::STREAM_POSITION_BITS;
 use ferrofeed_core::{Batch, Parallelism, Pipeline, StageOptions};
 use serde_json::json;
 
-use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
+use super::run::{run as run_epochs, CliError, IndexEntry, Job};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FeaturesArg {
@@ -231,6 +232,11 @@ fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
 }
 
 pub fn run(a: AudioArgs) -> Result<(), CliError> {
+    run_epochs(&build(a)?)
+}
+
+/// The audio job the flags describe.
+pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     let c = &a.common;
     let resources = ferrofeed_core::Resources::detect();
     for w in &resources.warnings {
@@ -264,9 +270,11 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
     }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let index = || Ok(Vec::new());
-    let of_batch = |b: &Batch| chunk_entries(&paths, b);
+    let paths = Arc::new(paths);
+    let batch_paths = Arc::clone(&paths);
+    let of_batch = move |b: &Batch| chunk_entries(&batch_paths, b);
     let rate = f64::from(a.audio.sample_rate);
-    let extra = |seconds: f64| {
+    let extra = move |seconds: f64| {
         let audio_s = read.load(Ordering::Relaxed) as f64 / rate;
         let mut m = BTreeMap::new();
         m.insert("audio_seconds".to_string(), json!(audio_s));
@@ -277,10 +285,10 @@ pub fn run(a: AudioArgs) -> Result<(), CliError> {
         m.insert("files".to_string(), json!(paths.len()));
         m
     };
-    let mut spec = RunSpec::new("audio", &pipeline, c, &index, &resources);
-    spec.extra = &extra;
-    spec.index_of_batch = Some(&of_batch);
-    run_epochs(spec)
+    let mut job = Job::new("audio", pipeline, a.common.clone(), index, resources);
+    job.extra = Box::new(extra);
+    job.index_of_batch = Some(Box::new(of_batch));
+    Ok(job)
 }
 
 pub fn inspect(a: InspectArgs) -> Result<(), CliError> {

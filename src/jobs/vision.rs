@@ -16,7 +16,7 @@ use ferrofeed_vision::ImageCache;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 use serde_json::json;
 
-use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
+use super::run::{run as run_epochs, CliError, IndexEntry, Job};
 use super::CommonArgs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -154,6 +154,7 @@ fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
     Ok(dir)
 }
 
+#[derive(Clone)]
 enum Dataset {
     Folder(ImageFolder),
     Shards(Arc<TarShards>),
@@ -281,6 +282,11 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
 }
 
 pub fn run(a: VisionArgs) -> Result<(), CliError> {
+    run_epochs(&build(a)?)
+}
+
+/// The vision job the flags describe.
+pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     let path = match &a.path {
         Some(p) => p.clone(),
         None => default_dataset(a.common.quiet)?,
@@ -330,8 +336,8 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         .configure(b, &resources, cpus)?
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
-    let index = || index_entries(&ds);
-    let extra = |_seconds: f64| {
+    let index = move || index_entries(&ds);
+    let extra = move |_seconds: f64| {
         let mut m = BTreeMap::new();
         if let Some(s) = &scan_index {
             m.insert("scan_index_images".to_string(), json!(s.images()));
@@ -342,9 +348,9 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
         }
         m
     };
-    let mut spec = RunSpec::new("vision", &pipeline, c, &index, &resources);
-    spec.extra = &extra;
-    run_epochs(spec)
+    let mut job = Job::new("vision", pipeline, a.common.clone(), index, resources);
+    job.extra = Box::new(extra);
+    Ok(job)
 }
 
 pub fn inspect(a: InspectArgs) -> Result<(), CliError> {

@@ -1,4 +1,6 @@
-//! Argument parsing and the run loop shared by every domain.
+//! The built-in domain jobs: argument parsing (each domain's settings are
+//! its flags, defined once here and read by both the command and the Python
+//! package), the pipeline each domain builds, and the run loop.
 //!
 //! ```text
 //! ferrofeed vision DIR --epochs 2 --report-json run.json --dump out/

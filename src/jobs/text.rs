@@ -3,7 +3,7 @@
 //! ```text
 //! ferrofeed text corpus/ --max-tokens 16384 --max-length 512
 //! ```
-use std::cell::Cell;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use ferrofeed_text::{
 };
 use serde_json::json;
 
-use super::run::{run as run_epochs, CliError, IndexEntry, RunSpec};
+use super::run::{run as run_epochs, CliError, IndexEntry, Job};
 use super::{CommonArgs, MakeArgs};
 
 #[derive(Args, Debug, Clone)]
@@ -119,6 +119,11 @@ fn tokenizer(o: &TextOpts) -> Result<TextTokenizer, CliError> {
 }
 
 pub fn run(a: TextArgs) -> Result<(), CliError> {
+    run_epochs(&build(a)?)
+}
+
+/// The text job the flags describe.
+pub fn build(a: TextArgs) -> Result<Job, CliError> {
     let c = &a.common;
     let o = &a.text;
     let resources = ferrofeed_core::Resources::detect();
@@ -202,7 +207,9 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
         s
     };
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
-    let index = || {
+    let index_corpus = Arc::clone(&corpus);
+    let index = move || {
+        let corpus = &index_corpus;
         Ok((0..corpus.len())
             .map(|i| IndexEntry {
                 index: i,
@@ -212,20 +219,24 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
             })
             .collect())
     };
-    let seen = Cell::new((0u64, 0u64));
-    let epoch_end = |e: u64| {
-        let (r0, p0) = seen.get();
+    let seen = std::sync::Mutex::new((0u64, 0u64));
+    let quiet = c.quiet;
+    let epoch_stats = Arc::clone(&stats);
+    let epoch_end = move |e: u64| {
+        let stats = &epoch_stats;
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (r0, p0) = *seen;
         let (r, p) = (stats.real_tokens(), stats.pad_tokens());
-        seen.set((r, p));
+        *seen = (r, p);
         let (dr, dp) = (r - r0, p - p0);
-        if !c.quiet && dr + dp > 0 {
+        if !quiet && dr + dp > 0 {
             eprintln!(
                 "epoch {e}: {dr} tokens, {dp} padding — padding waste {:.2}%",
                 100.0 * dp as f64 / (dr + dp) as f64
             );
         }
     };
-    let extra = |seconds: f64| {
+    let extra = move |seconds: f64| {
         let mut m = BTreeMap::new();
         m.insert("tokens".to_string(), json!(stats.real_tokens()));
         m.insert("pad_tokens".to_string(), json!(stats.pad_tokens()));
@@ -247,10 +258,10 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
         );
         m
     };
-    let mut spec = RunSpec::new("text", &pipeline, c, &index, &resources);
-    spec.epoch_end = &epoch_end;
-    spec.extra = &extra;
-    run_epochs(spec)
+    let mut job = Job::new("text", pipeline, a.common.clone(), index, resources);
+    job.epoch_end = Box::new(epoch_end);
+    job.extra = Box::new(extra);
+    Ok(job)
 }
 
 pub fn inspect(a: InspectArgs) -> Result<(), CliError> {

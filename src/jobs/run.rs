@@ -172,56 +172,108 @@ pub struct IndexEntry {
 }
 
 /// The `index.json` entries of one delivered batch.
-pub type BatchIndexFn<'a> = dyn Fn(&ferrofeed_core::Batch) -> Vec<IndexEntry> + 'a;
+pub type BatchIndexFn = dyn Fn(&ferrofeed_core::Batch) -> Vec<IndexEntry> + Send + Sync;
 
-/// What to run and how.
-pub struct RunSpec<'a> {
+/// A domain's built job: its pipeline, the settings it was built from, and
+/// what the run loop and the report need to know of its dataset. The
+/// command runs one with [`run`]; the Python package iterates its pipeline.
+pub struct Job {
     pub domain: &'static str,
-    pub pipeline: &'a Pipeline,
-    pub common: &'a CommonArgs,
+    pub pipeline: Pipeline,
+    pub common: CommonArgs,
     /// The dataset's samples in index order, for `--dump`.
-    pub index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
+    pub index: Box<dyn Fn() -> Result<Vec<IndexEntry>, CliError> + Send + Sync>,
     /// For datasets whose samples are known only as they are made (audio
     /// chunks): the entries of one delivered batch. `--dump`'s `index.json`
     /// then lists every delivered sample, written at the end of the run.
-    pub index_of_batch: Option<&'a BatchIndexFn<'a>>,
-    pub resources: &'a ferrofeed_core::Resources,
+    pub index_of_batch: Option<Box<BatchIndexFn>>,
+    pub resources: ferrofeed_core::Resources,
     /// Called after each epoch (text prints its padding waste).
-    pub epoch_end: &'a dyn Fn(u64),
+    pub epoch_end: Box<dyn Fn(u64) + Send + Sync>,
     /// Domain figures for the report, given the run's seconds.
-    pub extra: &'a dyn Fn(f64) -> BTreeMap<String, serde_json::Value>,
+    pub extra: Box<dyn Fn(f64) -> BTreeMap<String, serde_json::Value> + Send + Sync>,
 }
 
-impl<'a> RunSpec<'a> {
-    /// A spec with no per-epoch hook and no extra figures.
+impl Job {
+    /// A job with no per-epoch hook and no extra figures.
     pub fn new(
         domain: &'static str,
-        pipeline: &'a Pipeline,
-        common: &'a CommonArgs,
-        index: &'a dyn Fn() -> Result<Vec<IndexEntry>, CliError>,
-        resources: &'a ferrofeed_core::Resources,
+        pipeline: Pipeline,
+        common: CommonArgs,
+        index: impl Fn() -> Result<Vec<IndexEntry>, CliError> + Send + Sync + 'static,
+        resources: ferrofeed_core::Resources,
     ) -> Self {
-        RunSpec {
+        Job {
             domain,
             pipeline,
             common,
-            index,
+            index: Box::new(index),
             index_of_batch: None,
             resources,
-            epoch_end: &|_| {},
-            extra: &|_| BTreeMap::new(),
+            epoch_end: Box::new(|_| {}),
+            extra: Box::new(|_| BTreeMap::new()),
+        }
+    }
+
+    /// The run report from what a run counted.
+    pub fn report(&self, run: RunFigures) -> Report {
+        let p = &self.pipeline;
+        Report {
+            domain: self.domain.to_string(),
+            samples: run.samples,
+            batches: run.batches,
+            seconds: run.seconds,
+            samples_per_s: run.samples as f64 / run.seconds.max(1e-9),
+            skipped: run
+                .skipped
+                .iter()
+                .map(|e| SkippedEntry {
+                    index: e.index,
+                    path: e.path.clone(),
+                    stage: e.stage.clone(),
+                    error: e.kind.to_string(),
+                })
+                .collect(),
+            workers: p
+                .workers()
+                .into_iter()
+                .filter(|(n, _)| n != "source")
+                .collect(),
+            cpus_available: self.resources.cpus,
+            cpu_source: self.resources.cpu_source.clone(),
+            memory_bytes: self.resources.memory_bytes,
+            memory_source: self.resources.memory_source.clone(),
+            peak_bytes_in_flight: p.budget().peak() as u64,
+            max_bytes_in_flight: p.budget().max() as u64,
+            data_stall_seconds: run.stall_seconds,
+            stages: p.stage_reports(),
+            bottleneck: p.bottleneck(),
+            timeline: p.timeline(),
+            epochs: run.epochs,
+            extra: (self.extra)(run.seconds),
         }
     }
 }
 
+/// What a run counted, for [`Job::report`].
+#[derive(Debug, Default)]
+pub struct RunFigures {
+    pub samples: u64,
+    pub batches: u64,
+    pub seconds: f64,
+    pub skipped: Vec<SampleError>,
+    pub stall_seconds: f64,
+    pub epochs: Vec<EpochEntry>,
+}
+
 /// Runs the epochs and reports.
-pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
-    let c = spec.common;
-    let p = spec.pipeline;
+pub fn run(job: &Job) -> Result<(), CliError> {
+    let c = &job.common;
+    let p = &job.pipeline;
     if let Some(dir) = &c.dump {
         std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
-        if spec.index_of_batch.is_none() {
-            write_index(dir, &(spec.index)()?)?;
+        if job.index_of_batch.is_none() {
+            write_index(dir, &(job.index)()?)?;
         }
     }
     // Delivered samples by index, when the index is made from the batches.
@@ -243,7 +295,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> "),
         );
-        pb.set_prefix(spec.domain);
+        pb.set_prefix(job.domain);
         Some(pb)
     } else {
         None
@@ -299,7 +351,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
                 let path = dir.join(format!("indices_{batches:06}.npy"));
                 let t = ferrofeed_core::Tensor::from_slice(&idx, &[idx.len()]);
                 std::fs::write(&path, t.to_npy()).map_err(CliError::io(&path))?;
-                if let Some(of_batch) = spec.index_of_batch {
+                if let Some(of_batch) = &job.index_of_batch {
                     delivered.extend(of_batch(&batch).into_iter().map(|e| (e.index, e)));
                 }
             }
@@ -308,7 +360,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
                 pb.set_message(rate_text(
                     samples,
                     start.elapsed().as_secs_f64(),
-                    spec.domain,
+                    job.domain,
                 ));
                 pb.inc(1);
             }
@@ -329,7 +381,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
         last_state = it.state();
         let stopped = it.summary().stopped;
         drop(it);
-        (spec.epoch_end)(e);
+        (job.epoch_end)(e);
         if stop || stopped {
             break 'epochs;
         }
@@ -337,7 +389,7 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
     let interrupted = signals.received();
     drop(signals);
     let seconds = start.elapsed().as_secs_f64();
-    if let (Some(dir), Some(_)) = (&c.dump, spec.index_of_batch) {
+    if let (Some(dir), Some(_)) = (&c.dump, &job.index_of_batch) {
         write_index(dir, &delivered.into_values().collect::<Vec<_>>())?;
     }
     if let Some(path) = &c.save_state {
@@ -349,40 +401,14 @@ pub fn run(spec: RunSpec<'_>) -> Result<(), CliError> {
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
-    let stages = p.stage_reports();
-    let report = Report {
-        domain: spec.domain.to_string(),
+    let report = job.report(RunFigures {
         samples,
         batches,
         seconds,
-        samples_per_s: samples as f64 / seconds.max(1e-9),
-        skipped: skipped
-            .iter()
-            .map(|e| SkippedEntry {
-                index: e.index,
-                path: e.path.clone(),
-                stage: e.stage.clone(),
-                error: e.kind.to_string(),
-            })
-            .collect(),
-        workers: p
-            .workers()
-            .into_iter()
-            .filter(|(n, _)| n != "source")
-            .collect(),
-        cpus_available: spec.resources.cpus,
-        cpu_source: spec.resources.cpu_source.clone(),
-        memory_bytes: spec.resources.memory_bytes,
-        memory_source: spec.resources.memory_source.clone(),
-        peak_bytes_in_flight: p.budget().peak() as u64,
-        max_bytes_in_flight: p.budget().max() as u64,
-        data_stall_seconds: stall,
-        stages,
-        bottleneck: p.bottleneck(),
-        timeline: p.timeline(),
+        skipped,
+        stall_seconds: stall,
         epochs,
-        extra: (spec.extra)(seconds),
-    };
+    });
     print_table(&report);
     if let Some(path) = &c.report_json {
         let json =
