@@ -27,3 +27,6 @@ pub use ferrofeed_vision as vision;
 /// the pipeline they build, and the run loop.
 #[cfg(all(feature = "vision", feature = "text", feature = "audio"))]
 pub mod jobs;
+
+/// This release of ferrofeed.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

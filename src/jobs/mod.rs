@@ -185,6 +185,124 @@ impl CommonArgs {
     }
 }
 
+pub use report::{EpochEntry, Report};
+pub use run::{CliError, IndexEntry, Job, RunFigures};
+
+/// How a flag takes its value, for front ends that set flags by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagKind {
+    /// Present or absent (`--quiet`).
+    Switch,
+    /// Takes a value (`--batch-size 64`, `--shuffle false`).
+    Value,
+}
+
+/// The domains a job can be built for.
+pub const DOMAINS: [&str; 3] = ["vision", "text", "audio"];
+
+fn domain_command(domain: &str) -> Option<clap::Command> {
+    use clap::CommandFactory;
+    let sub = Cli::command()
+        .find_subcommand(domain)
+        .filter(|_| DOMAINS.contains(&domain))?
+        .clone();
+    Some(sub)
+}
+
+/// The long flags of `domain`'s subcommand and how each takes its value;
+/// `None` for an unknown domain.
+///
+/// ```
+/// use ferrofeed::jobs::{flags, FlagKind};
+/// let f = flags("vision").unwrap();
+/// assert!(f.contains(&("batch-size".to_string(), FlagKind::Value)));
+/// assert!(f.contains(&("quiet".to_string(), FlagKind::Switch)));
+/// ```
+pub fn flags(domain: &str) -> Option<Vec<(String, FlagKind)>> {
+    let cmd = domain_command(domain)?;
+    Some(
+        cmd.get_arguments()
+            .filter_map(|a| {
+                let long = a.get_long()?.to_string();
+                let kind = match a.get_action() {
+                    clap::ArgAction::SetTrue | clap::ArgAction::SetFalse => FlagKind::Switch,
+                    _ => FlagKind::Value,
+                };
+                Some((long, kind))
+            })
+            .filter(|(l, _)| l != "help")
+            .collect(),
+    )
+}
+
+/// Why [`build`] made no job.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// No such domain.
+    #[error("unknown domain {0:?}: expected vision, text or audio")]
+    Domain(String),
+    /// A flag that the domain does not take.
+    #[error("{flag}: not a setting of {domain}")]
+    Unknown {
+        /// The domain.
+        domain: String,
+        /// The flag as given.
+        flag: String,
+    },
+    /// A flag's value was refused by its parser.
+    #[error("{flag}: {message}")]
+    Value {
+        /// The flag (`--batch-size`).
+        flag: String,
+        /// Why.
+        message: String,
+    },
+    /// The settings parsed but the job could not be made from them (a
+    /// missing path, settings that contradict each other).
+    #[error(transparent)]
+    Job(#[from] CliError),
+}
+
+/// Builds `domain`'s job from its flags, exactly as `ferrofeed DOMAIN
+/// [PATH] ARGS…` does (same parsers, defaults and checks).
+pub fn build(domain: &str, path: Option<&str>, args: &[String]) -> Result<Job, BuildError> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !DOMAINS.contains(&domain) {
+        return Err(BuildError::Domain(domain.to_string()));
+    }
+    let mut argv = vec!["ferrofeed".to_string(), domain.to_string()];
+    if let Some(p) = path {
+        argv.push(p.to_string());
+    }
+    argv.extend(args.iter().cloned());
+    let cli = <Cli as clap::Parser>::try_parse_from(&argv).map_err(|e| {
+        let flag = match e.get(ContextKind::InvalidArg) {
+            Some(ContextValue::String(s)) => s.split(' ').next().unwrap_or(s).to_string(),
+            _ => String::new(),
+        };
+        let message = e
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ")
+            .to_string();
+        match e.kind() {
+            ErrorKind::UnknownArgument => BuildError::Unknown {
+                domain: domain.to_string(),
+                flag,
+            },
+            _ => BuildError::Value { flag, message },
+        }
+    })?;
+    Ok(match cli.cmd {
+        Some(Cmd::Vision(a)) => vision::build(*a)?,
+        Some(Cmd::Text(a)) => text::build(*a)?,
+        Some(Cmd::Audio(a)) => audio::build(*a)?,
+        _ => return Err(BuildError::Domain(domain.to_string())),
+    })
+}
+
 /// Where embedded datasets and caches are written: `$FERROFEED_CACHE_DIR`,
 /// else `$XDG_CACHE_HOME/ferrofeed`, else `~/.cache/ferrofeed`.
 pub fn cache_dir() -> PathBuf {

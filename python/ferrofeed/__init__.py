@@ -1,0 +1,175 @@
+"""ferrofeed: typed, threaded input pipelines that keep accelerators fed.
+
+The native loaders run ferrofeed's built-in domain pipelines (vision, text,
+audio) on Rust threads and hand each batch to Python as a dict of torch
+tensors (or numpy arrays) that share ferrofeed's buffers::
+
+    import ferrofeed
+    loader = ferrofeed.vision(batch_size=64, transform="train", seed=0)
+    for epoch in range(3):
+        for batch in loader:                     # epoch 0, then 1, then 2
+            images, labels = batch["images"], batch["labels"]
+
+Options are the flags of the matching ``ferrofeed`` subcommand as keywords
+(``-`` becomes ``_``), read and checked by the same code as the command.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, Optional, Union
+
+from . import _ferrofeed
+from ._ferrofeed import Array
+
+__version__: str = _ferrofeed.__version__
+
+__all__ = ["Loader", "SampleError", "Array", "vision", "text", "audio", "options", "__version__"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class SampleError(RuntimeError):
+    """A sample failed under ``on_error="fail"``.
+
+    Attributes:
+        index: the sample's dataset index (``None`` when the failure is not
+            one sample's, such as a shard that cannot be opened).
+        path: the file (or ``shard.tar#key``) it came from, when known.
+        stage: the stage that failed (``read``, ``decode``, ``collate``, …).
+    """
+
+    def __init__(self, message: str, index: Optional[int], path: Optional[str], stage: str):
+        super().__init__(message)
+        self.index = index
+        self.path = path
+        self.stage = stage
+
+
+class Loader:
+    """A ferrofeed pipeline for one domain, iterated an epoch at a time.
+
+    ``for batch in loader`` runs the next epoch (the first loop epoch 0, the
+    next epoch 1, …); ``loader.epoch(e)`` runs epoch ``e``. Breaking out of
+    a loop and looping again starts the next epoch cleanly. A batch is a
+    ``dict`` of tensors named as the command's ``--dump`` files, plus
+    ``indices`` (int64 dataset indices).
+    """
+
+    def __init__(self, domain: str, path: Optional[PathLike] = None, **options: Any):
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path: expected a str or path, got {type(path).__name__}")
+        self._inner = _ferrofeed.Loader(domain, None if path is None else os.fspath(path), options)
+
+    @property
+    def domain(self) -> str:
+        """``"vision"``, ``"text"`` or ``"audio"``."""
+        return self._inner.domain
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return len(self._inner)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        """Runs the next epoch."""
+        return _Epoch(iter(self._inner))
+
+    def epoch(self, e: int) -> Iterator[Dict[str, Any]]:
+        """Runs epoch ``e``; the next plain iteration runs ``e + 1``."""
+        if not isinstance(e, int) or isinstance(e, bool) or e < 0:
+            raise ValueError(f"e: expected a whole number ≥ 0, got {e!r}")
+        return _Epoch(self._inner.epoch(e))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position after the last batch handed out (JSON-serialisable).
+
+        A new loader with the same options given it by
+        :meth:`load_state_dict` continues exactly there.
+        """
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Makes the next iteration continue where ``state`` was taken."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state: expected a dict from state_dict(), got {type(state).__name__}")
+        self._inner.load_state_dict(state)
+
+    def report(self) -> Optional[Dict[str, Any]]:
+        """The last finished epoch's report (the command's ``--report-json``
+        fields: ``samples``, ``skipped``, ``stages``, ``bottleneck``,
+        ``data_stall_seconds``, …), or ``None`` before an epoch finished."""
+        return self._inner.report()
+
+    def close(self) -> None:
+        """Stops the running epoch and joins its threads (also done when the
+        loader is deleted)."""
+        self._inner.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ferrofeed.Loader({self.domain!r}, next_epoch={self._inner.next_epoch})"
+
+
+class _Epoch:
+    """One epoch's batches; records the wait for each in torch's profiler
+    (as ``ferrofeed: wait for batch``) when torch is imported."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it: Any):
+        self._it = it
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        torch = _torch()
+        if torch is None:
+            return next(self._it)
+        with torch.profiler.record_function("ferrofeed: wait for batch"):
+            return next(self._it)
+
+
+def _torch() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def vision(path: Optional[PathLike] = None, **options: Any) -> Loader:
+    """The vision pipeline: an ImageFolder tree or WebDataset shards (``None``:
+    the embedded default dataset). Options: the flags of ``ferrofeed
+    vision`` (``batch_size``, ``transform``, ``size``, ``resize``, ``seed``,
+    ``shuffle``, ``workers``, ``max_bytes_in_flight``, ``on_error``, ``rank``,
+    ``world_size``, ``drop_last``, ``cache_bytes``, …) plus ``output``
+    (``"torch"``/``"numpy"``), ``pin_memory`` (``"auto"``/True/False) and
+    ``device`` (``None``/``"cuda"``/``"cuda:N"``)."""
+    return Loader("vision", path, **options)
+
+
+def text(path: Optional[PathLike] = None, **options: Any) -> Loader:
+    """The text pipeline: a ``.txt``/``.jsonl`` file or folder (``None``: the
+    embedded corpus). Options: the flags of ``ferrofeed text``
+    (``batch_size``, ``max_tokens``, ``max_length``, ``tokenizer``, ``pack``,
+    ``field``, …) plus ``output`` and ``device``."""
+    return Loader("text", path, **options)
+
+
+def audio(path: Optional[PathLike] = None, **options: Any) -> Loader:
+    """The audio pipeline: a folder of audio files (``None``: the embedded
+    dataset). Options: the flags of ``ferrofeed audio`` (``batch_size``,
+    ``sample_rate``, ``chunk_seconds``, ``overlap_seconds``, ``features``,
+    ``n_fft``, ``hop``, ``n_mels``, …) plus ``output`` and ``device``."""
+    return Loader("audio", path, **options)
+
+
+def options(domain: str) -> Dict[str, bool]:
+    """Every option ``domain``'s loader takes, mapped to whether it takes a
+    value (``False``: a switch such as ``autotune``)."""
+    own = {"output": True, "pin_memory": True, "device": True}
+    return {**dict(_ferrofeed.flags(domain)), **own}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every test: the Rust workspace, then the Python package (built and
+# installed into a virtual environment kept outside the clone, so later runs
+# reuse it; FERROFEED_VENV names another one).
+set -euo pipefail
+cd "$(dirname "$0")"
+cargo test --workspace
+
+VENV=${FERROFEED_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrofeed/venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+# torch is ~5 GB (PyPI has CUDA builds only; they run on CPU): installed once.
+"$VENV/bin/python" -c "import numpy, torch, PIL, pytest, maturin" 2>/dev/null ||
+  "$VENV/bin/pip" install -q numpy torch pillow pytest maturin
+"$VENV/bin/pip" install -q ./python
+# Run from the root so that `import ferrofeed` is the installed package.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir python python/tests
