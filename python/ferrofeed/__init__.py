@@ -146,7 +146,9 @@ def vision(path: Optional[PathLike] = None, **options: Any) -> Loader:
     the embedded default dataset). Options: the flags of ``ferrofeed
     vision`` (``batch_size``, ``transform``, ``size``, ``resize``, ``seed``,
     ``shuffle``, ``workers``, ``max_bytes_in_flight``, ``on_error``, ``rank``,
-    ``world_size``, ``drop_last``, ``cache_bytes``, …) plus ``output``
+    ``world_size``, ``drop_last``, ``cache_bytes``, …; ``epochs`` is the
+    number of epochs planned: with 1 the scan index, which pays from the
+    second epoch, is off) plus ``output``
     (``"torch"``/``"numpy"``), ``pin_memory`` (``"auto"``/True/False) and
     ``device`` (``None``/``"cuda"``/``"cuda:N"``)."""
     return Loader("vision", path, **options)

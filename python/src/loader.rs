@@ -19,7 +19,7 @@ use crate::array::Array;
 const OWN: [&str; 3] = ["output", "pin_memory", "device"];
 
 /// Flags of the command's run loop that a loader has no use for.
-const RUN_LOOP_ONLY: [&str; 2] = ["dump", "epochs"];
+const RUN_LOOP_ONLY: [&str; 1] = ["dump"];
 
 /// The long flags of `domain` and whether each takes a value, for the
 /// Python side's signature checks and stubs.
@@ -287,6 +287,13 @@ impl Loader {
         if quiet {
             args.push("--quiet".into());
         }
+        // A loader runs as many epochs as it is iterated: unless told how
+        // many are planned, the job is set up for more than one (vision's
+        // scan index pays from the second epoch on).
+        if !args.iter().any(|a| a == "--epochs") {
+            args.push("--epochs".into());
+            args.push(u64::MAX.to_string());
+        }
         if let Some(p) = pin {
             if known.iter().any(|(n, _)| n == "pin") {
                 args.push("--pin".into());
@@ -303,10 +310,23 @@ impl Loader {
             None if torch_available(py) => Output::Torch,
             None => Output::Numpy,
         };
-        if device.is_some() && output != Output::Torch {
-            return Err(PyValueError::new_err(
-                "device: batches go to a device as torch tensors; set output=\"torch\"",
-            ));
+        if let Some(d) = &device {
+            if output != Output::Torch {
+                return Err(PyValueError::new_err(
+                    "device: batches go to a device as torch tensors; set output=\"torch\"",
+                ));
+            }
+            let cuda = py.import("torch")?.getattr("cuda")?;
+            let n: usize = cuda.call_method0("device_count")?.extract()?;
+            let want = d
+                .strip_prefix("cuda:")
+                .and_then(|i| i.parse::<usize>().ok())
+                .unwrap_or(0);
+            if want >= n {
+                return Err(PyRuntimeError::new_err(format!(
+                    "device: {d:?}, but torch sees {n} CUDA device(s)"
+                )));
+            }
         }
         let domain_s = domain.to_string();
         let job = py

@@ -317,3 +317,23 @@ def test_options_lists_every_flag():
         assert k in o, k
     assert o["autotune"] is False and o["batch_size"] is True
     assert "max_tokens" in ferrofeed.options("text") and "chunk_seconds" in ferrofeed.options("audio")
+
+
+@pytest.mark.parametrize("domain", ["vision", "text", "audio"])
+def test_pinned_buffers_when_cuda_is_there(domain, vision_dir, text_file, audio_dir):
+    path = {"vision": vision_dir, "text": text_file, "audio": audio_dir}[domain]
+    opts = {"vision": dict(size=320), "text": dict(max_length=512), "audio": dict(chunk_seconds=1)}[domain]
+    loader = ferrofeed.Loader(domain, path, batch_size=64, pin_memory=True, **opts)
+    b = next(iter(loader))
+    big = max(b.values(), key=lambda t: t.numel() * t.element_size())
+    assert big.is_pinned() == torch.cuda.is_available()
+    off = ferrofeed.Loader(domain, path, batch_size=64, pin_memory=False, **opts)
+    assert not max(next(iter(off)).values(), key=lambda t: t.numel()).is_pinned()
+
+
+def test_a_cuda_device_needs_one():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(RuntimeError) as e:
+        ferrofeed.text(device="cuda")
+    assert "device" in str(e.value)

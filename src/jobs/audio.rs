@@ -45,6 +45,10 @@ pub enum ChannelsArg {
 
 #[derive(Args, Debug, Clone)]
 pub struct AudioOpts {
+    /// Batch buffers in page-locked memory: `auto` when a CUDA device is
+    /// there (else host memory, said once), `strict` (or an error), `off`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub pin: super::PinArg,
     /// Target sample rate; other rates are resampled.
     #[arg(long, default_value_t = 16000)]
     pub sample_rate: u32,
@@ -258,7 +262,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
             Parallelism::Fixed(n) => n,
             Parallelism::Auto => (paths.len() / (8 * c.workers.resolve(cpus)).max(1)).clamp(1, 16),
         })
-        .collate(FeatureCollate::new());
+        .collate(FeatureCollate::new().buffers(a.audio.pin.pool(c.workers.resolve(cpus), 1)?));
     let mut b = c.configure(b, &resources, cpus)?;
     let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());
     if c.shuffle {

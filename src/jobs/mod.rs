@@ -13,8 +13,9 @@ mod vision;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use ferrofeed_core::{ErrorPolicy, Parallelism};
+use ferrofeed_stages::device::{PinMode, PinnedPool};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -78,6 +79,43 @@ pub struct MakeArgs {
     /// Seed of the generator.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// Where batch buffers live (`--pin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PinArg {
+    Off,
+    Auto,
+    Strict,
+}
+
+impl PinArg {
+    /// Where collate builds batches of `tensors` pooled tensors each, for
+    /// `workers` workers: page-locked buffers when pinning applies (a batch
+    /// being built per worker, one waiting and two held by the consumer;
+    /// past that a batch waits up to 50 ms for a buffer, then takes ordinary
+    /// memory), else the heap's recycling pool, which never waits.
+    pub fn pool(
+        self,
+        workers: usize,
+        tensors: usize,
+    ) -> Result<std::sync::Arc<dyn ferrofeed_core::BufferSource>, run::CliError> {
+        let pool = PinnedPool::new(self.mode(), (workers + 3) * tensors.max(1))
+            .map_err(|e| run::CliError::Usage(format!("--pin strict: {e}")))?;
+        Ok(if pool.is_pinned() {
+            std::sync::Arc::new(pool)
+        } else {
+            ferrofeed_core::BufferPool::for_collate()
+        })
+    }
+
+    fn mode(self) -> PinMode {
+        match self {
+            PinArg::Off => PinMode::Off,
+            PinArg::Auto => PinMode::Auto,
+            PinArg::Strict => PinMode::Strict,
+        }
+    }
 }
 
 /// Events kept in a `--trace` file (about 100 bytes each).

@@ -22,6 +22,10 @@ use super::{CommonArgs, MakeArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct TextOpts {
+    /// Batch buffers in page-locked memory: `auto` when a CUDA device is
+    /// there (else host memory, said once), `strict` (or an error), `off`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub pin: super::PinArg,
     /// A HuggingFace tokenizer.json; default: the embedded BERT WordPiece.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
@@ -195,13 +199,16 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
     } else {
         b = b.batch_size(c.batch_size);
     }
+    let pool: Arc<dyn ferrofeed_core::BufferSource> = o.pin.pool(c.workers.resolve(cpus), 3)?;
     let stats: Arc<PaddingStats> = if o.pack {
-        let col = PackCollate::new(o.max_length, tok.eos_id(), tok.pad_id());
+        let col = PackCollate::new(o.max_length, tok.eos_id(), tok.pad_id()).buffers(pool);
         let s = col.stats();
         b = b.collate(col);
         s
     } else {
-        let col = PadCollate::new(tok.pad_id()).pad_to_multiple_of(o.pad_multiple);
+        let col = PadCollate::new(tok.pad_id())
+            .pad_to_multiple_of(o.pad_multiple)
+            .buffers(pool);
         let s = col.stats();
         b = b.collate(col);
         s

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
-use ferrofeed_stages::device::{PinMode, PinnedPool};
 use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
 use ferrofeed_vision::jpeg::ScanIndex;
 use ferrofeed_vision::ImageCache;
@@ -17,7 +16,7 @@ use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, 
 use serde_json::json;
 
 use super::run::{run as run_epochs, CliError, IndexEntry, Job};
-use super::CommonArgs;
+use super::{CommonArgs, PinArg};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TransformArg {
@@ -72,23 +71,6 @@ fn size_or_zero(s: &str) -> Result<usize, String> {
         Ok(0)
     } else {
         super::parse_size(s)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PinArg {
-    Off,
-    Auto,
-    Strict,
-}
-
-impl PinArg {
-    fn mode(self) -> PinMode {
-        match self {
-            PinArg::Off => PinMode::Off,
-            PinArg::Auto => PinMode::Auto,
-            PinArg::Strict => PinMode::Strict,
-        }
     }
 }
 
@@ -322,16 +304,14 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     // A batch being built per worker, one waiting and two held by the
     // consumer; past that a batch waits up to 50 ms for a buffer, then takes
     // ordinary memory.
-    let buffers = c.workers.resolve(cpus) + 3;
-    let pool = PinnedPool::new(a.vision.pin.mode(), buffers)
-        .map_err(|e| CliError::Usage(format!("--pin strict: {e}")))?;
+    let pool = a.vision.pin.pool(c.workers.resolve(cpus), 1)?;
     // A trace file that cannot be written is an error before the run.
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
     let b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
-        .collate(ferrofeed_vision::collate().buffers(Arc::new(pool)));
+        .collate(ferrofeed_vision::collate().buffers(pool));
     let pipeline = c
         .configure(b, &resources, cpus)?
         .build()

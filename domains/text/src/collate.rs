@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferrofeed_core::BatchRows;
-use ferrofeed_core::{Batch, Collate, CollateError, ComponentId, DType, Tensor};
+use ferrofeed_core::{Batch, BufferSource, Collate, CollateError, ComponentId, DType, Tensor};
 
 use crate::tokenize::Tokens;
 
@@ -72,8 +72,31 @@ fn tokens<'a>(rows: &BatchRows<'a>) -> Result<&'a [Tokens], CollateError> {
     })
 }
 
-fn i64_tensor(shape: &[usize]) -> Tensor {
-    Tensor::zeros(DType::I64, shape)
+/// Where a collate's tensors come from: `None`, the heap.
+#[derive(Clone, Default)]
+struct Buffers(Option<Arc<dyn BufferSource>>);
+
+impl std::fmt::Debug for Buffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Buffers(pool)"
+        } else {
+            "Buffers(heap)"
+        })
+    }
+}
+
+/// A zeroed int64 tensor, from `pool` when one is set (page-locked buffers
+/// for device copies) else from the heap.
+fn i64_tensor(pool: Option<&Arc<dyn BufferSource>>, shape: &[usize]) -> Tensor {
+    match pool {
+        None => Tensor::zeros(DType::I64, shape),
+        Some(p) => {
+            let mut t = Tensor::uninit_from(p.as_ref(), DType::I64, shape);
+            t.as_bytes_mut().fill(0);
+            t
+        }
+    }
 }
 
 fn slice(t: &mut Tensor) -> Result<&mut [i64], CollateError> {
@@ -89,6 +112,7 @@ pub struct PadCollate {
     pad_id: u32,
     multiple: usize,
     stats: Arc<PaddingStats>,
+    pool: Buffers,
 }
 
 impl PadCollate {
@@ -98,7 +122,14 @@ impl PadCollate {
             pad_id,
             multiple: 1,
             stats: Arc::default(),
+            pool: Buffers(None),
         }
+    }
+    /// Builds batches in buffers from `source` (e.g. a pool of page-locked
+    /// buffers) instead of the heap.
+    pub fn buffers(mut self, source: Arc<dyn BufferSource>) -> Self {
+        self.pool = Buffers(Some(source));
+        self
     }
     /// Rounds the padded length up to a multiple of `m` (e.g. 8).
     pub fn pad_to_multiple_of(mut self, m: usize) -> Self {
@@ -120,8 +151,8 @@ impl Collate for PadCollate {
         let longest = toks.iter().map(|t| t.0.len()).max().unwrap_or(0);
         let l = (longest.div_ceil(self.multiple) * self.multiple).max(1);
         let n = toks.len();
-        let mut ids = i64_tensor(&[n, l]);
-        let mut mask = i64_tensor(&[n, l]);
+        let mut ids = i64_tensor(self.pool.0.as_ref(), &[n, l]);
+        let mut mask = i64_tensor(self.pool.0.as_ref(), &[n, l]);
         {
             let (ids_s, mask_s) = (slice(&mut ids)?, slice(&mut mask)?);
             for (r, t) in toks.iter().enumerate() {
@@ -149,6 +180,7 @@ pub struct PackCollate {
     eos_id: u32,
     pad_id: u32,
     stats: Arc<PaddingStats>,
+    pool: Buffers,
 }
 
 impl PackCollate {
@@ -160,7 +192,13 @@ impl PackCollate {
             eos_id,
             pad_id,
             stats: Arc::default(),
+            pool: Buffers(None),
         }
+    }
+    /// Builds batches in buffers from `source` instead of the heap.
+    pub fn buffers(mut self, source: Arc<dyn BufferSource>) -> Self {
+        self.pool = Buffers(Some(source));
+        self
     }
     /// The shared padding counters.
     pub fn stats(&self) -> Arc<PaddingStats> {
@@ -183,9 +221,9 @@ impl Collate for PackCollate {
         }
         let l = self.row_len;
         let r = stream.len().div_ceil(l).max(1);
-        let mut ids = i64_tensor(&[r, l]);
-        let mut mask = i64_tensor(&[r, l]);
-        let mut docs = i64_tensor(&[r, l]);
+        let mut ids = i64_tensor(self.pool.0.as_ref(), &[r, l]);
+        let mut mask = i64_tensor(self.pool.0.as_ref(), &[r, l]);
+        let mut docs = i64_tensor(self.pool.0.as_ref(), &[r, l]);
         {
             let ids_s = slice(&mut ids)?;
             ids_s.fill(i64::from(self.pad_id));
