@@ -21,8 +21,8 @@ const OWN: [&str; 3] = ["output", "pin_memory", "device"];
 /// Flags of the command's run loop that a loader has no use for.
 const RUN_LOOP_ONLY: [&str; 1] = ["dump"];
 
-/// The long flags of `domain` and whether each takes a value, for the
-/// Python side's signature checks and stubs.
+/// The long flags of `domain` a loader takes (as keywords) and whether each
+/// takes a value.
 #[pyfunction]
 pub fn flags(domain: &str) -> PyResult<Vec<(String, bool)>> {
     let f = jobs::flags(domain).ok_or_else(|| {
@@ -32,6 +32,7 @@ pub fn flags(domain: &str) -> PyResult<Vec<(String, bool)>> {
     })?;
     Ok(f.into_iter()
         .map(|(n, k)| (n.replace('-', "_"), k == FlagKind::Value))
+        .filter(|(n, _)| !RUN_LOOP_ONLY.contains(&n.as_str()))
         .collect())
 }
 
@@ -234,15 +235,20 @@ impl Loader {
                         _ => {
                             pin = Some(if v.is_instance_of::<PyBool>() {
                                 if v.extract::<bool>()? { "auto" } else { "off" }.to_string()
-                            } else {
-                                match v.extract::<String>().ok().as_deref() {
-                                    Some("auto") => "auto".to_string(),
-                                    _ => {
-                                        return Err(PyValueError::new_err(
-                                            "pin_memory: expected \"auto\", True or False",
-                                        ))
+                            } else if v.is_instance_of::<PyString>() {
+                                match v.extract::<String>()?.as_str() {
+                                    "auto" => "auto".to_string(),
+                                    other => {
+                                        return Err(PyValueError::new_err(format!(
+                                            "pin_memory: {other:?} is not \"auto\", True or False"
+                                        )))
                                     }
                                 }
+                            } else {
+                                return Err(PyTypeError::new_err(format!(
+                                    "pin_memory: expected \"auto\", True or False, got {}",
+                                    v.get_type().name()?
+                                )));
                             });
                         }
                     }

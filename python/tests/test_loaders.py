@@ -337,3 +337,12 @@ def test_a_cuda_device_needs_one():
     with pytest.raises(RuntimeError) as e:
         ferrofeed.text(device="cuda")
     assert "device" in str(e.value)
+
+
+@pytest.mark.parametrize("domain", ["vision", "text", "audio"])
+def test_every_option_refuses_a_wrong_type_by_name(domain):
+    for name, takes_value in ferrofeed.options(domain).items():
+        bad = object() if takes_value else "yes"
+        with pytest.raises(TypeError) as e:
+            ferrofeed.Loader(domain, None, **{name: bad})
+        assert name in str(e.value), (name, str(e.value))
