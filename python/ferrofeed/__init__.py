@@ -129,7 +129,7 @@ class _Epoch:
 
     def __next__(self) -> Dict[str, Any]:
         torch = _torch()
-        if torch is None:
+        if torch is None or not torch.autograd.profiler._is_profiler_enabled:
             return next(self._it)
         with torch.profiler.record_function("ferrofeed: wait for batch"):
             return next(self._it)

@@ -75,7 +75,8 @@ enum Output {
 #[pyclass(module = "ferrofeed._ferrofeed")]
 pub struct Loader {
     job: Arc<Job>,
-    output: Output,
+    /// `torch.from_dlpack` or `numpy.asarray`, looked up once.
+    convert: Py<PyAny>,
     /// `"cuda"`/`"cuda:N"`: batches are moved there (non-blocking from
     /// pinned memory).
     device: Option<String>,
@@ -352,9 +353,14 @@ impl Loader {
             Some(s) => s.clone(),
             None => job.pipeline.epoch_state_start(0),
         };
+        let convert = match output {
+            Output::Torch => py.import("torch")?.getattr("from_dlpack")?,
+            Output::Numpy => py.import("numpy")?.getattr("asarray")?,
+        }
+        .unbind();
         Ok(Loader {
             job: Arc::new(job),
-            output,
+            convert,
             device,
             next_epoch: state.epoch,
             pending,
@@ -539,22 +545,20 @@ impl Loader {
         let d = PyDict::new(py);
         let names: Vec<String> = batch.columns().map(|(n, _)| n.to_string()).collect();
         let idx: Vec<i64> = batch.indices().iter().map(|&i| i as i64).collect();
+        let f = self.convert.bind(py);
+        let kw = match &self.device {
+            Some(_) => {
+                let kw = PyDict::new(py);
+                kw.set_item("non_blocking", true)?;
+                Some(kw)
+            }
+            None => None,
+        };
         let convert = |a: Array| -> PyResult<Bound<'_, PyAny>> {
-            let a = Bound::new(py, a)?.into_any();
-            match self.output {
-                Output::Numpy => py.import("numpy")?.call_method1("asarray", (a,)),
-                Output::Torch => {
-                    let torch = py.import("torch")?;
-                    let t = torch.call_method1("from_dlpack", (a,))?;
-                    match &self.device {
-                        None => Ok(t),
-                        Some(dev) => {
-                            let kw = PyDict::new(py);
-                            kw.set_item("non_blocking", true)?;
-                            t.call_method("to", (dev.as_str(),), Some(&kw))
-                        }
-                    }
-                }
+            let t = f.call1((Bound::new(py, a)?,))?;
+            match (&self.device, &kw) {
+                (Some(dev), Some(kw)) => t.call_method("to", (dev.as_str(),), Some(kw)),
+                _ => Ok(t),
             }
         };
         for name in names {
