@@ -8,6 +8,7 @@
 //! Loader(domain, path, options) ─ __iter__ → driver thread: pipeline.epoch(e) ─▶ (batch, state) ─▶ __next__
 //! ```
 mod array;
+mod dropin;
 mod loader;
 
 use pyo3::prelude::*;
@@ -45,6 +46,7 @@ fn _ferrofeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", ferrofeed::VERSION)?;
     m.add_class::<array::Array>()?;
     m.add_class::<loader::Loader>()?;
+    m.add_class::<dropin::MapRunner>()?;
     m.add_function(wrap_pyfunction!(loader::flags, m)?)?;
     Ok(())
 }

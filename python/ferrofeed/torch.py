@@ -1,0 +1,498 @@
+"""``ferrofeed.torch.DataLoader``: a drop-in for ``torch.utils.data.DataLoader``
+that runs any Dataset on threads instead of processes.
+
+One changed import::
+
+    from ferrofeed.torch import DataLoader
+    loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2)
+
+Arguments are checked by torch's own ``DataLoader`` constructor (same
+errors), and batches are drawn from torch's own samplers and collated by
+torch's ``default_collate`` (or your ``collate_fn``), so the batches equal
+torch's for the same arguments. ``num_workers=N`` runs ``N`` worker threads
+— for a map-style dataset on ferrofeed's engine (byte budget, error policy,
+per-stage timing, data-stall figure) — and ``0`` runs in the calling thread.
+No process is forked: no per-worker copies of the dataset, no ``/dev/shm``,
+no respawns. Work that holds the GIL (pure-Python transforms) does not run
+in parallel; Pillow, numpy and torch release it in their kernels.
+
+Extras: ``on_error="fail"|"skip"|"retry:N"``, ``max_bytes_in_flight``,
+``report()`` and exact ``state_dict()``/``load_state_dict()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+import queue
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data import IterableDataset
+
+from . import _ferrofeed
+
+__all__ = ["DataLoader", "WorkerInfo"]
+
+_DEFAULT_BUDGET = 1 << 30
+
+
+class WorkerInfo:
+    """What ``torch.utils.data.get_worker_info()`` returns inside a worker
+    thread: ``id``, ``num_workers``, ``seed`` and ``dataset``."""
+
+    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any):
+        self.id = id
+        self.num_workers = num_workers
+        self.seed = seed
+        self.dataset = dataset
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed})"
+
+
+# Worker info by OS thread. Not a threading.local: the engine's threads
+# enter Python afresh for each call, and a thread-local would not last.
+_infos: Dict[int, Any] = {}
+_torch_get_worker_info = tud.get_worker_info
+
+
+def _get_worker_info() -> Optional[Any]:
+    info = _infos.get(threading.get_ident())
+    return info[0] if info is not None else _torch_get_worker_info()
+
+
+def _install_worker_info() -> None:
+    # get_worker_info() reads a process-wide global in torch; inside
+    # ferrofeed's worker threads it answers for the calling thread.
+    tud.get_worker_info = _get_worker_info
+    tud._utils.worker.get_worker_info = _get_worker_info
+    if hasattr(tud, "dataloader"):
+        tud.dataloader.get_worker_info = _get_worker_info
+
+
+_install_worker_info()
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes a sample holds (tensors, arrays, bytes, nested containers)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    nb = getattr(obj, "nbytes", None)
+    if isinstance(nb, int):
+        return nb
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values()) + 64
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj) + 64
+    return sys.getsizeof(obj)
+
+
+def _gen_state(generator: Optional[torch.Generator]) -> str:
+    s = generator.get_state() if generator is not None else torch.get_rng_state()
+    return base64.b64encode(bytes(s.numpy().tobytes())).decode()
+
+
+def _set_gen_state(generator: Optional[torch.Generator], text: str) -> None:
+    t = torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+    if generator is not None:
+        generator.set_state(t)
+    else:
+        torch.set_rng_state(t)
+
+
+class _Work:
+    """What worker threads run: ``__getitem__`` and collate, with each
+    thread's worker setup. Kept apart from the loader so that the engine's
+    references to it make no cycle (a deleted loader frees its threads)."""
+
+    def __init__(self, loader: "DataLoader"):
+        self.dataset = loader.dataset
+        self.collate_fn = loader.collate_fn
+        self.pin_memory = loader.pin_memory
+        self.worker_init_fn = loader.worker_init_fn
+        self.num_workers = loader.num_workers
+        self.base_seed = 0
+        self.token = object()
+        self.ids = itertools.count()
+        self.lock = threading.Lock()
+
+    def setup(self) -> None:
+        me = threading.get_ident()
+        known = _infos.get(me)
+        if known is not None and known[1] is self.token:
+            return
+        with self.lock:
+            wid = next(self.ids)
+        _infos[me] = (WorkerInfo(wid, self.num_workers, self.base_seed + wid, self.dataset), self.token)
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(wid)
+
+    def fetch(self, index: int):
+        self.setup()
+        sample = self.dataset[index]
+        return sample, _nbytes(sample)
+
+    def collate(self, samples: Any) -> Any:
+        batch = self.collate_fn(samples)
+        if self.pin_memory:
+            batch = tud._utils.pin_memory.pin_memory(batch)
+        return batch
+
+
+class DataLoader:
+    """Drop-in for ``torch.utils.data.DataLoader`` on threads (see the module
+    docs). Beyond torch's arguments: ``on_error`` (``"fail"``, ``"skip"``,
+    ``"retry:N"``), ``max_bytes_in_flight`` (bytes of samples and batches in
+    flight, default 1 GiB)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Optional[Callable[[List[Any]], Any]] = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable[[int], None]] = None,
+        multiprocessing_context: Any = None,
+        generator: Optional[torch.Generator] = None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        on_error: str = "fail",
+        max_bytes_in_flight: Optional[int] = None,
+    ):
+        # torch's constructor checks every argument and builds the samplers;
+        # it starts no worker until iterated, and it is never iterated.
+        self._torch = tud.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        if not isinstance(on_error, str):
+            raise TypeError(f"on_error: expected a str, got {type(on_error).__name__}")
+        if max_bytes_in_flight is not None and (
+            not isinstance(max_bytes_in_flight, int) or isinstance(max_bytes_in_flight, bool) or max_bytes_in_flight <= 0
+        ):
+            raise ValueError(f"max_bytes_in_flight: expected a positive int, got {max_bytes_in_flight!r}")
+        self.dataset = dataset
+        self.batch_size = self._torch.batch_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.collate_fn = self._torch.collate_fn
+        self.pin_memory = pin_memory and torch.cuda.is_available()
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.generator = generator
+        self.prefetch_factor = self._torch.prefetch_factor
+        self.in_order = in_order
+        self.sampler = self._torch.sampler
+        self.batch_sampler = self._torch.batch_sampler
+        self._on_error = on_error
+        self._skip = on_error == "skip" or on_error.endswith(":skip")
+        self._budget = max_bytes_in_flight or _DEFAULT_BUDGET
+        self._iterable = isinstance(dataset, IterableDataset)
+        self._runner: Optional[Any] = None
+        self._threads: Optional[_IterWorkers] = None
+        # Exact resume: the RNG state at the start of the current epoch and
+        # the batches handed out since.
+        self._epoch = 0
+        self._yielded = 0
+        self._epoch_rng = _gen_state(generator)
+        self._resume: Optional[Dict[str, Any]] = None
+        self._report: Dict[str, Any] = {}
+        # Worker ids are handed out once per thread for this loader's life
+        # (its threads live across epochs, as with persistent_workers).
+        self._work = _Work(self)
+        self._token = self._work.token
+        if num_workers > 0 and not self._iterable:
+            # Checks the policy now, as a bad argument.
+            self._runner = _ferrofeed.MapRunner(
+                self._work.fetch,
+                self._work.collate,
+                self._torch._auto_collation,
+                num_workers,
+                max(1, self.prefetch_factor or 2) * num_workers,
+                self._budget,
+                in_order,
+                on_error,
+                float(timeout),
+            )
+        elif on_error not in ("fail", "skip") and not on_error.startswith("retry:"):
+            raise ValueError(f"on_error: {on_error!r} is not fail, skip or retry:N")
+
+    # torch's rules for len(): batches for map-style datasets, the
+    # dataset's length (with its batching) for iterable ones.
+    def __len__(self) -> int:
+        return len(self._torch)
+
+    def _plan(self) -> List[Any]:
+        """Draws the epoch as torch's iterator does: the base seed first,
+        then the sampler's order."""
+        self._work.base_seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+        return list(self._torch._index_sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._resume is not None:
+            state, self._resume = self._resume, None
+            _set_gen_state(self.generator, state["rng"])
+            self._epoch, skip = state["epoch"], state["batches"]
+        else:
+            if self._yielded:  # the last epoch was left early
+                self._epoch += 1
+            skip = 0
+        self._epoch_rng = _gen_state(self.generator)
+        self._yielded = skip
+        if self._iterable:
+            return self._iter_iterable(skip)
+        plan = self._plan()[skip:]
+        if self._runner is None:
+            return self._iter_inline(plan)
+        return self._iter_engine(plan)
+
+    def _finish_epoch(self, extra: Dict[str, Any]) -> None:
+        self._report = extra
+        self._epoch += 1
+        self._yielded = 0
+        self._epoch_rng = _gen_state(self.generator)
+
+    def _iter_engine(self, plan: List[Any]) -> Iterator[Any]:
+        runner = self._runner
+        batches = [b if self._torch._auto_collation else [b] for b in plan]
+        runner.start([list(map(int, b)) for b in batches])
+        while True:
+            got = runner.next()
+            if got is None:
+                break
+            self._yielded += 1
+            yield got[1]
+        self._finish_epoch(runner.report())
+
+    def _iter_inline(self, plan: List[Any]) -> Iterator[Any]:
+        t0 = time.perf_counter()
+        getitem = collate = stall = 0.0
+        skipped: List[Dict[str, Any]] = []
+        auto = self._torch._auto_collation
+        n = 0
+        for b in plan:
+            t = time.perf_counter()
+            samples = []
+            for i in b if auto else [b]:
+                try:
+                    samples.append(self.dataset[i])
+                except Exception as e:
+                    if not self._skip:
+                        raise
+                    skipped.append({"index": int(i), "stage": "getitem", "error": repr(e)})
+            t1 = time.perf_counter()
+            getitem += t1 - t
+            if not samples:
+                continue
+            batch = self.collate_fn(samples if auto else samples[0])
+            if self.pin_memory:
+                batch = tud._utils.pin_memory.pin_memory(batch)
+            collate += time.perf_counter() - t1
+            stall += time.perf_counter() - t
+            self._yielded += 1
+            n += 1
+            yield batch
+        self._finish_epoch(
+            {
+                "batches": n,
+                "seconds": time.perf_counter() - t0,
+                "getitem_seconds": getitem,
+                "collate_seconds": collate,
+                "data_stall_seconds": stall,
+                "skipped": skipped,
+            }
+        )
+
+    def _iter_iterable(self, skip: int) -> Iterator[Any]:
+        base_seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+        if self.num_workers == 0:
+            src = _iterable_batches(self, self.dataset, None)
+            gen: Iterator[Any] = src
+        else:
+            self._threads = _IterWorkers(self, base_seed)
+            gen = iter(self._threads)
+        t0 = time.perf_counter()
+        stall = 0.0
+        n = 0
+        try:
+            while True:
+                t = time.perf_counter()
+                try:
+                    batch = next(gen)
+                except StopIteration:
+                    break
+                stall += time.perf_counter() - t
+                n += 1
+                if n <= skip:
+                    continue
+                self._yielded += 1
+                yield batch
+        finally:
+            if self._threads is not None:
+                self._threads.close()
+                self._threads = None
+        self._finish_epoch({"batches": n - skip, "seconds": time.perf_counter() - t0, "data_stall_seconds": stall,
+                            "skipped": []})
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the next batch comes from: after ``k`` batches of an epoch, a
+        new loader given this state yields exactly the remaining ones; at an
+        epoch's end, the next epoch. JSON-serialisable."""
+        if self._resume is not None:
+            return dict(self._resume)
+        return {"format": "ferrofeed-dataloader-v1", "epoch": self._epoch, "batches": self._yielded, "rng": self._epoch_rng}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Makes the next iteration continue where ``state`` was taken."""
+        if not isinstance(state, dict) or state.get("format") != "ferrofeed-dataloader-v1":
+            raise ValueError("state: not a state_dict() of ferrofeed.torch.DataLoader")
+        for k, t in (("epoch", int), ("batches", int), ("rng", str)):
+            if not isinstance(state.get(k), t):
+                raise ValueError(f"state: field {k!r} is missing or not a {t.__name__}")
+        self._resume = dict(state)
+
+    def report(self) -> Dict[str, Any]:
+        """The last finished epoch: ``getitem_seconds`` (time in
+        ``__getitem__``), ``collate_seconds``, ``data_stall_seconds`` (the
+        consumer's wait), ``skipped`` samples, and for multi-worker map-style
+        datasets the engine's per-stage table and bytes in flight."""
+        return dict(self._report)
+
+    def close(self) -> None:
+        """Stops the running epoch and joins its threads."""
+        if self._runner is not None:
+            self._runner.close()
+        if self._threads is not None:
+            self._threads.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _iterable_batches(loader: DataLoader, dataset: Any, info: Optional[WorkerInfo]) -> Iterator[Any]:
+    """One worker's batches of an iterable dataset, as torch's fetcher makes
+    them (the last may be short unless ``drop_last``)."""
+    if info is not None:
+        _infos[threading.get_ident()] = (info, loader._token)
+        if loader.worker_init_fn is not None:
+            loader.worker_init_fn(info.id)
+    it = iter(dataset)
+    auto = loader._torch._auto_collation
+    bs = loader.batch_size
+    while True:
+        if auto:
+            items = list(itertools.islice(it, bs))
+            if not items or (loader.drop_last and len(items) < bs):
+                return
+            batch = loader.collate_fn(items)
+        else:
+            try:
+                batch = loader.collate_fn(next(it))
+            except StopIteration:
+                return
+        if loader.pin_memory:
+            batch = tud._utils.pin_memory.pin_memory(batch)
+        yield batch
+
+
+_DONE = object()
+
+
+class _IterWorkers:
+    """``num_workers`` threads, each iterating its own copy of an iterable
+    dataset; batches are taken from the workers in turn, as torch does."""
+
+    def __init__(self, loader: DataLoader, base_seed: int):
+        n = loader.num_workers
+        depth = max(1, loader.prefetch_factor or 2)
+        self._queues: List[queue.Queue] = [queue.Queue(maxsize=depth) for _ in range(n)]
+        self._stop = threading.Event()
+        self._timeout = loader.timeout or None
+        self._threads = []
+        for w in range(n):
+            info = WorkerInfo(w, n, base_seed + w, copy.copy(loader.dataset))
+            t = threading.Thread(target=self._work, args=(loader, info, self._queues[w]), daemon=True,
+                                 name=f"ferrofeed-worker-{w}")
+            t.start()
+            self._threads.append(t)
+
+    def _put(self, q: queue.Queue, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self, loader: DataLoader, info: WorkerInfo, q: queue.Queue) -> None:
+        try:
+            for batch in _iterable_batches(loader, info.dataset, info):
+                if not self._put(q, (None, batch)):
+                    return
+        except BaseException as e:  # handed to the consumer with the worker named
+            e.args = (f"{e.args[0] if e.args else ''} (in DataLoader worker thread {info.id})",) + tuple(e.args[1:])
+            self._put(q, (e, None))
+            return
+        finally:
+            _infos.pop(threading.get_ident(), None)
+        self._put(q, (_DONE, None))
+
+    def __iter__(self) -> Iterator[Any]:
+        live = list(range(len(self._queues)))
+        while live:
+            for w in list(live):
+                deadline = None if self._timeout is None else time.monotonic() + self._timeout
+                while True:
+                    try:
+                        err, batch = self._queues[w].get(timeout=0.05)
+                        break
+                    except queue.Empty:
+                        if deadline is not None and time.monotonic() > deadline:
+                            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                if err is _DONE:
+                    live.remove(w)
+                    continue
+                if err is not None:
+                    raise err
+                yield batch
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)

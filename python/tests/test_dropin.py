@@ -1,0 +1,304 @@
+"""ferrofeed.torch.DataLoader against torch's own DataLoader (PYTHON.md,
+"ferrofeed.torch.DataLoader")."""
+
+import gc
+import json
+import os
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.utils.data as tud  # noqa: E402
+
+from ferrofeed.torch import DataLoader  # noqa: E402
+
+
+class Squares(tud.Dataset):
+    def __init__(self, n=50):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return {"x": torch.full((3,), float(i)), "y": i * i}
+
+
+class Raises(Squares):
+    def __getitem__(self, i):
+        if i == 7:
+            raise KeyError(f"no sample {i}")
+        return super().__getitem__(i)
+
+
+def flat(batches):
+    out = []
+    for b in batches:
+        if isinstance(b, dict):
+            out.append({k: v.tolist() if hasattr(v, "tolist") else v for k, v in b.items()})
+        elif isinstance(b, torch.Tensor):
+            out.append(b.tolist())
+        else:
+            out.append(b)
+    return out
+
+
+CASES = [
+    dict(batch_size=4),
+    dict(batch_size=4, drop_last=True),
+    dict(batch_size=5, shuffle=True),
+    dict(batch_size=None),
+    dict(batch_size=3, sampler=list(range(49, -1, -3))),
+    dict(batch_sampler=[[1, 2], [40, 3, 9], [0]]),
+    dict(batch_size=4, sampler=tud.RandomSampler(range(50), replacement=True, num_samples=17)),
+    dict(batch_size=4, collate_fn=lambda xs: [x["y"] for x in xs]),
+]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_same_batches_as_torch(case, workers):
+    kw = dict(CASES[case])
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    if isinstance(kw.get("sampler"), tud.RandomSampler):
+        kw["sampler"] = tud.RandomSampler(range(50), replacement=True, num_samples=17, generator=g1)
+        kw2 = dict(kw, sampler=tud.RandomSampler(range(50), replacement=True, num_samples=17, generator=g2))
+    else:
+        kw2 = dict(kw)
+    ours = DataLoader(Squares(), num_workers=workers, generator=g1, **kw)
+    theirs = tud.DataLoader(Squares(), num_workers=0, generator=g2, **kw2)
+    assert len(ours) == len(theirs)
+    for _ in range(2):  # two epochs: the generator advances alike
+        assert flat(ours) == flat(theirs)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_sampler=[[0]], batch_size=2),
+        dict(batch_sampler=[[0]], shuffle=True),
+        dict(batch_sampler=[[0]], drop_last=True),
+        dict(sampler=[0, 1], shuffle=True),
+        dict(prefetch_factor=2),
+        dict(num_workers=-1),
+        dict(timeout=-1),
+        dict(persistent_workers=True),
+    ],
+)
+def test_argument_errors_are_torchs(kw):
+    with pytest.raises(ValueError) as ours:
+        DataLoader(Squares(), **kw)
+    with pytest.raises(ValueError) as theirs:
+        tud.DataLoader(Squares(), **kw)
+    assert str(ours.value) == str(theirs.value)
+
+
+class Shards(tud.IterableDataset):
+    """Self-sharding the standard way: each worker takes its slice."""
+
+    def __init__(self, n=30):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        lo, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(lo, self.n, step):
+            yield torch.tensor([i])
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_iterable_datasets_shard_themselves_and_interleave_as_torch(workers):
+    ours = flat(DataLoader(Shards(), batch_size=4, num_workers=workers))
+    theirs = flat(tud.DataLoader(Shards(), batch_size=4, num_workers=workers))
+    assert ours == theirs
+    assert sorted(x for b in ours for row in b for x in row) == list(range(30))
+
+
+def test_worker_info_and_init_fn_in_each_worker_thread():
+    seen = []
+    lock = threading.Lock()
+
+    class Who(Squares):
+        def __getitem__(self, i):
+            info = tud.get_worker_info()
+            with lock:
+                seen.append((info.id, info.num_workers, threading.get_ident()))
+            time.sleep(0.005)  # long enough that both workers take work
+            return i
+
+    inits = []
+    loader = DataLoader(Who(40), batch_size=4, num_workers=2, worker_init_fn=lambda w: inits.append(w))
+    assert sorted(x for b in loader for x in b.tolist()) == list(range(40))
+    # Once in each worker thread, before its first sample.
+    assert sorted(inits) == [0, 1] == sorted({w for w, _, _ in seen})
+    ids = {}
+    for wid, n, tid in seen:
+        assert n == 2
+        assert ids.setdefault(tid, wid) == wid, "one id per thread"
+    assert tud.get_worker_info() is None  # the calling thread is not a worker
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataset_exceptions_keep_their_type(workers):
+    loader = DataLoader(Raises(), batch_size=4, num_workers=workers)
+    with pytest.raises(KeyError) as e:
+        list(loader)
+    assert "no sample 7" in str(e.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_policy_reports_the_sample(workers):
+    loader = DataLoader(Raises(), batch_size=4, num_workers=workers, on_error="skip")
+    got = [y for b in loader for y in b["y"].tolist()]
+    assert got == [i * i for i in range(50) if i != 7]
+    (s,) = loader.report()["skipped"]
+    assert s["index"] == 7
+    r = loader.report()
+    for k in ("getitem_seconds", "collate_seconds", "data_stall_seconds"):
+        assert k in r and r[k] >= 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bad_samples_fail_as_default_collate_fails(workers):
+    class Nones(Squares):
+        def __getitem__(self, i):
+            return None
+
+    class Ragged(Squares):
+        def __getitem__(self, i):
+            return torch.zeros(i + 1)
+
+    for ds in (Nones(), Ragged()):
+        with pytest.raises((TypeError, RuntimeError)) as ours:
+            list(DataLoader(ds, batch_size=4, num_workers=workers))
+        with pytest.raises((TypeError, RuntimeError)) as theirs:
+            list(tud.DataLoader(ds, batch_size=4))
+        assert type(ours.value) is type(theirs.value)
+
+
+def test_out_of_range_indices_raise_the_datasets_error():
+    with pytest.raises(IndexError):
+        list(DataLoader(Squares(10), batch_sampler=[[1, 2], [99]], num_workers=2))
+
+
+def test_an_empty_dataset_gives_no_batches():
+    for w in (0, 2):
+        loader = DataLoader(Squares(0), batch_size=4, num_workers=w)
+        assert len(loader) == 0 and list(loader) == []
+
+
+def test_a_hanging_dataset_times_out():
+    class Hangs(Squares):
+        def __getitem__(self, i):
+            if i == 2:
+                time.sleep(3)
+            return i
+
+    loader = DataLoader(Hangs(8), batch_size=2, num_workers=2, timeout=0.3)
+    t0 = time.time()
+    with pytest.raises(RuntimeError) as e:
+        list(loader)
+    assert "timed out" in str(e.value) and time.time() - t0 < 3
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [0, 3, 10, 13])
+def test_state_dict_resumes_exactly(workers, k):
+    def make():
+        return DataLoader(Squares(50), batch_size=4, shuffle=True, num_workers=workers,
+                          generator=torch.Generator().manual_seed(11))
+
+    whole = make()
+    want = flat(whole) + flat(whole)
+    part = make()
+    it = iter(part)
+    for _ in range(k):
+        next(it)
+    state = json.loads(json.dumps(part.state_dict()))
+    del it, part
+    fresh = make()
+    fresh.load_state_dict(state)
+    rest = flat(fresh) + flat(fresh)
+    # k = 13 is the last batch of the 13-batch epoch: the resumed epoch 0
+    # is empty and the next loop is epoch 1.
+    assert len(rest) == len(want) - k and rest == want[k:]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_end_of_epoch_state_starts_the_next_epoch(workers):
+    def make():
+        return DataLoader(Squares(50), batch_size=8, shuffle=True, num_workers=workers,
+                          generator=torch.Generator().manual_seed(5))
+
+    whole = make()
+    e0, e1 = flat(whole), flat(whole)
+    part = make()
+    assert flat(part) == e0
+    state = part.state_dict()
+    assert state["epoch"] == 1 and state["batches"] == 0
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert flat(fresh) == e1
+
+
+def test_breaking_out_and_deleting_mid_epoch_join_threads():
+    before = len(os.listdir("/proc/self/task"))
+    loader = DataLoader(Squares(200), batch_size=2, num_workers=2)
+    for i, _ in enumerate(loader):
+        if i == 3:
+            break
+    assert len(list(loader)) == 100  # the next epoch, whole
+    it = iter(loader)
+    next(it)
+    del it, loader
+    gc.collect()
+    deadline = time.time() + 5
+    while len(os.listdir("/proc/self/task")) > before and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(os.listdir("/proc/self/task")) <= before
+
+
+def test_keyboard_interrupt_while_waiting():
+    import _thread
+
+    class Slow(Squares):
+        def __getitem__(self, i):
+            time.sleep(0.5)
+            return i
+
+    loader = DataLoader(Slow(20), batch_size=4, num_workers=2)
+    threading.Timer(0.1, _thread.interrupt_main).start()
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        list(loader)
+    assert time.time() - t0 < 2
+    loader.close()
+
+
+def test_in_order_false_yields_every_batch():
+    class Uneven(Squares):
+        def __getitem__(self, i):
+            time.sleep(0.02 if i < 4 else 0)
+            return i
+
+    got = [b.tolist() for b in DataLoader(Uneven(16), batch_size=4, num_workers=2, in_order=False)]
+    assert sorted(got) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_max_bytes_in_flight_bounds_what_is_held():
+    class Big(Squares):
+        def __getitem__(self, i):
+            return torch.zeros(1 << 18)  # 1 MiB
+
+    loader = DataLoader(Big(64), batch_size=2, num_workers=2, max_bytes_in_flight=8 << 20)
+    assert sum(len(b) for b in loader) == 64
+    r = loader.report()
+    assert r["peak_bytes_in_flight"] <= (8 << 20) + (4 << 20), r["peak_bytes_in_flight"]
