@@ -751,3 +751,70 @@ fn trace_files_load_as_chrome_traces() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent-dir/t.json"));
 }
+
+/// `--report-html`: one self-contained page with the headline, the stage
+/// table, the plots over time (with data), the skipped samples and the
+/// strip of samples, and no external reference.
+#[test]
+fn report_html_is_one_self_contained_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    make_dataset(&data, 40, 3);
+    let class = std::fs::read_dir(&data)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(class.join("zz_bad.jpg"), b"not a jpeg").unwrap();
+    let page = dir.path().join("run.html");
+    ok(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--on-error",
+        "skip",
+        "--quiet",
+        "--report-html",
+        page.to_str().unwrap(),
+    ]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.len() < 2 << 20, "{} bytes", html.len());
+    for bad in [
+        "http://", "https://", "src=\"//", "href=", "@import", "<script", "<link", "url(",
+    ] {
+        assert!(!html.contains(bad), "external reference {bad:?}");
+    }
+    for want in [
+        "ferrofeed vision",
+        "images/s",
+        "data stall",
+        "bottleneck",
+        ">decode<",
+        ">collate<",
+        "throughput",
+        "queue fill",
+        "bytes in flight",
+        "workers per pool",
+        "per-epoch rate",
+        "Skipped samples (2)", // the bad file, once per epoch
+        "zz_bad.jpg",
+        "CPUs available",
+        "data:image/png;base64,",
+    ] {
+        assert!(html.contains(want), "missing {want:?}");
+    }
+    // The throughput line has points.
+    let line = html.split("<polyline").nth(1).unwrap();
+    let points = line
+        .split("points=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    assert!(points.split(' ').count() >= 2, "{points}");
+}

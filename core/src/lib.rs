@@ -43,6 +43,7 @@ mod component;
 mod component_set;
 mod engine;
 mod error;
+mod html;
 mod metrics;
 mod options;
 mod pipeline;
@@ -68,6 +69,7 @@ pub use component_set::ComponentSet;
 pub use error::{
     error_chain, BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError,
 };
+pub use html::{ReportPage, MAX_SKIPPED_SHOWN};
 pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
 pub use options::{
     Batching, Options, Recording, Scheduling, Shuffling, Tuning, DEFAULT_MAX_BYTES_IN_FLIGHT,

@@ -100,6 +100,12 @@ class Loader:
         ``data_stall_seconds``, …), or ``None`` before an epoch finished."""
         return self._inner.report()
 
+    def report_html(self, path: PathLike) -> None:
+        """Writes the last finished epoch's report as one self-contained HTML
+        page (headline, per-stage table, plots over time, skipped samples,
+        resources; for vision a strip of samples)."""
+        self._inner.report_html(os.fspath(path))
+
     def close(self) -> None:
         """Stops the running epoch and joins its threads (also done when the
         loader is deleted)."""

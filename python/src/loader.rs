@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferrofeed::jobs::{self, BuildError, CliError, EpochEntry, FlagKind, Job, RunFigures};
+use ferrofeed::jobs::{self, BuildError, CliError, EpochEntry, FlagKind, Job, Report, RunFigures};
 use ferrofeed_core::{Batch, ErrorKind, PipelineState, SampleError, StopHandle, Tensor};
 use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -41,7 +41,7 @@ pub fn flags(domain: &str) -> PyResult<Vec<(String, bool)>> {
 enum Msg {
     Batch(Box<Batch>, Box<PipelineState>),
     Error(Box<SampleError>, Box<PipelineState>),
-    End(Box<serde_json::Value>, Box<PipelineState>, bool),
+    End(Box<Report>, Box<PipelineState>, bool),
 }
 
 /// An epoch in progress on its driver thread.
@@ -88,7 +88,7 @@ pub struct Loader {
     /// The state after the last batch handed out (or at the next epoch's
     /// start when no epoch is running).
     state: PipelineState,
-    report: Option<serde_json::Value>,
+    report: Option<Report>,
 }
 
 /// The Python value of a keyword as a flag's text.
@@ -479,10 +479,30 @@ impl Loader {
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         match &self.report {
             None => Ok(None),
-            Some(r) => Ok(Some(
-                py.import("json")?.call_method1("loads", (r.to_string(),))?,
-            )),
+            Some(r) => {
+                let json = serde_json::to_string(r)
+                    .map_err(|e| PyRuntimeError::new_err(format!("report: {e}")))?;
+                Ok(Some(py.import("json")?.call_method1("loads", (json,))?))
+            }
         }
+    }
+
+    /// Writes the last finished epoch's report as one self-contained HTML
+    /// page (the command's `--report-html`) to `path`.
+    fn report_html(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let Some(r) = &self.report else {
+            return Err(PyRuntimeError::new_err(
+                "report_html: no epoch has finished yet",
+            ));
+        };
+        let job = Arc::clone(&self.job);
+        let page = py.detach(|| job.report_page(r).render());
+        std::fs::write(&path, page).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                PyFileNotFoundError::new_err(format!("path: {}: {e}", path.display()))
+            }
+            _ => PyRuntimeError::new_err(format!("path: {}: {e}", path.display())),
+        })
     }
 
     /// Stops the running epoch, if any, and joins its threads.
@@ -585,7 +605,12 @@ impl Loader {
             std::fs::write(p, self.state.to_json()).map_err(|e| io("save_state", p, e))?;
         }
         if let (Some(p), Some(r)) = (&c.report_json, &self.report) {
-            std::fs::write(p, r.to_string()).map_err(|e| io("report_json", p, e))?;
+            let json = serde_json::to_string(r).unwrap_or_default();
+            std::fs::write(p, json).map_err(|e| io("report_json", p, e))?;
+        }
+        if let (Some(p), Some(r)) = (&c.report_html, &self.report) {
+            std::fs::write(p, self.job.report_page(r).render())
+                .map_err(|e| io("report_html", p, e))?;
         }
         if let (Some(p), Some(json)) = (&c.trace, self.job.pipeline.trace_json()) {
             std::fs::write(p, json).map_err(|e| io("trace", p, e))?;
@@ -654,6 +679,5 @@ fn drive(
             samples_per_s: s.samples as f64 / s.seconds.max(1e-9),
         }],
     });
-    let json = serde_json::to_value(&report).unwrap_or(serde_json::Value::Null);
-    let _ = tx.send(Msg::End(Box::new(json), Box::new(state), s.completed));
+    let _ = tx.send(Msg::End(Box::new(report), Box::new(state), s.completed));
 }

@@ -178,6 +178,10 @@ pub struct CommonArgs {
     /// Write a machine-readable run report (JSON).
     #[arg(long, value_name = "FILE")]
     pub report_json: Option<PathBuf>,
+    /// Write the run report as one self-contained HTML page (no network):
+    /// per-stage table, bottleneck, skipped samples, plots over time.
+    #[arg(long, value_name = "FILE")]
+    pub report_html: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,

@@ -171,12 +171,17 @@ pub struct IndexEntry {
     pub chunk_start: Option<i64>,
 }
 
+/// Sample images as they leave the stages, `(caption, PNG)`, for the HTML
+/// report.
+pub type StageImagesFn = dyn Fn() -> Vec<(String, Vec<u8>)> + Send + Sync;
+
 /// The `index.json` entries of one delivered batch.
 pub type BatchIndexFn = dyn Fn(&ferrofeed_core::Batch) -> Vec<IndexEntry> + Send + Sync;
 
 /// A domain's built job: its pipeline, the settings it was built from, and
 /// what the run loop and the report need to know of its dataset. The
-/// command runs one with [`run`]; the Python package iterates its pipeline.
+/// command runs one with its run loop; the Python package iterates its
+/// pipeline.
 pub struct Job {
     pub domain: &'static str,
     pub pipeline: Pipeline,
@@ -192,6 +197,8 @@ pub struct Job {
     pub epoch_end: Box<dyn Fn(u64) + Send + Sync>,
     /// Domain figures for the report, given the run's seconds.
     pub extra: Box<dyn Fn(f64) -> BTreeMap<String, serde_json::Value> + Send + Sync>,
+    /// For the HTML report: a sample as it leaves each stage, `(stage, PNG)`.
+    pub images: Option<Box<StageImagesFn>>,
 }
 
 impl Job {
@@ -212,6 +219,53 @@ impl Job {
             resources,
             epoch_end: Box::new(|_| {}),
             extra: Box::new(|_| BTreeMap::new()),
+            images: None,
+        }
+    }
+
+    /// The HTML report page of a run's report.
+    pub fn report_page(&self, r: &Report) -> ferrofeed_core::ReportPage {
+        let mut resources = vec![
+            (
+                "CPUs available".to_string(),
+                format!("{} ({})", r.cpus_available, r.cpu_source),
+            ),
+            (
+                "memory limit".to_string(),
+                format!(
+                    "{} ({})",
+                    super::report::mib(r.memory_bytes),
+                    r.memory_source
+                ),
+            ),
+        ];
+        for (k, v) in &r.extra {
+            resources.push((k.clone(), v.to_string()));
+        }
+        ferrofeed_core::ReportPage {
+            title: format!("ferrofeed {}", r.domain),
+            unit: sample_unit(self.domain).to_string(),
+            samples: r.samples,
+            batches: r.batches,
+            seconds: r.seconds,
+            data_stall_seconds: r.data_stall_seconds,
+            stages: r.stages.clone(),
+            bottleneck: r.bottleneck.clone(),
+            timeline: r.timeline.clone(),
+            max_bytes_in_flight: r.max_bytes_in_flight,
+            peak_bytes_in_flight: r.peak_bytes_in_flight,
+            epochs: r
+                .epochs
+                .iter()
+                .map(|e| (e.epoch, e.samples_per_s))
+                .collect(),
+            skipped: r
+                .skipped
+                .iter()
+                .map(|s| (s.index, s.path.clone(), s.stage.clone(), s.error.clone()))
+                .collect(),
+            resources,
+            images: self.images.as_ref().map(|f| f()).unwrap_or_default(),
         }
     }
 
@@ -414,6 +468,9 @@ pub fn run(job: &Job) -> Result<(), CliError> {
         let json =
             serde_json::to_vec_pretty(&report).map_err(|e| CliError::Usage(e.to_string()))?;
         std::fs::write(path, json).map_err(CliError::io(path))?;
+    }
+    if let Some(path) = &c.report_html {
+        std::fs::write(path, job.report_page(&report).render()).map_err(CliError::io(path))?;
     }
     if let Some(signal) = interrupted {
         let saved = match &c.save_state {

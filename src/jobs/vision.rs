@@ -316,6 +316,11 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         .configure(b, &resources, cpus)?
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
+    let ds_images = ds.clone();
+    let eval = (
+        transform_of(&a.vision, TransformArg::Eval)?,
+        decode_options(&a.vision),
+    );
     let index = move || index_entries(&ds);
     let extra = move |_seconds: f64| {
         let mut m = BTreeMap::new();
@@ -330,7 +335,50 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     };
     let mut job = Job::new("vision", pipeline, a.common.clone(), index, resources);
     job.extra = Box::new(extra);
+    job.images = Some(Box::new(move || stage_images(&ds_images, eval)));
     Ok(job)
+}
+
+/// The first four samples as they leave each stage that makes an image
+/// (under the eval transform, so the strip is the same every run), as
+/// PNGs; a sample that fails is left out.
+fn stage_images(
+    ds: &Dataset,
+    (transform, decode): (Transform, DecodeOptions),
+) -> Vec<(String, Vec<u8>)> {
+    let stage = DecodeTransform {
+        transform,
+        decode,
+        cache: None,
+        seek: None,
+    };
+    let Ok(pipeline) = builder_for(ds, stage, Parallelism::Fixed(1))
+        .collate(ferrofeed_vision::collate())
+        .build()
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for index in 0..4 {
+        let _ = pipeline.inspect_with(index, 0, |stage, table| {
+            if let Some(img) = table.get::<Image>(0) {
+                let mut png = Vec::new();
+                let enc = ::image::codecs::png::PngEncoder::new(&mut png);
+                if ::image::ImageEncoder::write_image(
+                    enc,
+                    &img.data,
+                    img.width,
+                    img.height,
+                    ::image::ExtendedColorType::Rgb8,
+                )
+                .is_ok()
+                {
+                    out.push((format!("sample {index} after {stage}"), png));
+                }
+            }
+        });
+    }
+    out
 }
 
 pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
