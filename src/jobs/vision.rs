@@ -309,6 +309,7 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
+    let run_transform = stage.transform;
     let b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
         .collate(ferrofeed_vision::collate().buffers(pool));
@@ -317,8 +318,10 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let ds_images = ds.clone();
-    let eval = (
-        transform_of(&a.vision, TransformArg::Eval)?,
+    // The strip uses the eval transform when the settings allow one (the
+    // same pixels every run), else the run's own.
+    let strip = (
+        transform_of(&a.vision, TransformArg::Eval).unwrap_or(run_transform),
         decode_options(&a.vision),
     );
     let index = move || index_entries(&ds);
@@ -335,13 +338,12 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     };
     let mut job = Job::new("vision", pipeline, a.common.clone(), index, resources);
     job.extra = Box::new(extra);
-    job.images = Some(Box::new(move || stage_images(&ds_images, eval)));
+    job.images = Some(Box::new(move || stage_images(&ds_images, strip)));
     Ok(job)
 }
 
-/// The first four samples as they leave each stage that makes an image
-/// (under the eval transform, so the strip is the same every run), as
-/// PNGs; a sample that fails is left out.
+/// The first four samples as they leave each stage that makes an image,
+/// as PNGs; a sample that fails is left out.
 fn stage_images(
     ds: &Dataset,
     (transform, decode): (Transform, DecodeOptions),
