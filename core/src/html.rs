@@ -15,6 +15,7 @@
 //! while it.next().is_some() {}
 //! let html = ReportPage::from_pipeline(&p, it.summary(), "example").render();
 //! assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"));
+//! assert!(p.report_html(it.summary()).contains("ferrofeed pipeline"));
 //! assert!(!html.contains("http://") && !html.contains("https://"));
 //! ```
 use std::fmt::Write;

@@ -75,3 +75,22 @@ def test_chromium_renders_the_page_with_plots(page, tmp_path, scheme):
     # The plots (below the headline and the stage table) draw lines in the
     # stages' colours.
     assert colour_pixels(img, PALETTE, (0, 300, w, min(h, 1300))) > 300, "no plotted data"
+
+
+def test_text_and_audio_pages(text_file, audio_dir, tmp_path):
+    for loader, unit in [
+        (ferrofeed.text(text_file, batch_size=16), "sequences/s"),
+        (ferrofeed.audio(audio_dir, batch_size=4, chunk_seconds=1), "chunks/s"),
+    ]:
+        for _ in loader:
+            pass
+        p = tmp_path / f"{loader.domain}.html"
+        loader.report_html(p)
+        html = p.read_text()
+        assert unit in html and f"ferrofeed {loader.domain}" in html and "<svg" in html
+        assert "https://" not in html and "<script" not in html
+
+
+def test_report_html_before_an_epoch_is_an_error(text_file, tmp_path):
+    with pytest.raises(RuntimeError):
+        ferrofeed.text(text_file).report_html(tmp_path / "x.html")

@@ -129,6 +129,13 @@ impl Pipeline {
         self.len() == Some(0)
     }
 
+    /// This pipeline's report since its last metrics reset, with `summary`'s
+    /// epoch figures, as one self-contained HTML page (see
+    /// [`ReportPage`](crate::ReportPage), which front ends fill further).
+    pub fn report_html(&self, summary: &crate::EpochSummary) -> String {
+        crate::ReportPage::from_pipeline(self, summary, "ferrofeed pipeline").render()
+    }
+
     /// The settings this pipeline runs with, resolved: CPUs and the tuner's
     /// cap as counted at build time, minimums applied.
     pub fn options(&self) -> crate::Options {
