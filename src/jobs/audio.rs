@@ -95,18 +95,6 @@ pub struct AudioArgs {
     pub common: super::CommonArgs,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct InspectArgs {
-    /// A folder of audio files; default: the embedded dataset.
-    pub path: Option<PathBuf>,
-    /// Dataset index of the chunk: `file × 2^40 + chunk` (as in `--dump`'s
-    /// indices), or, below 2^40, the N-th chunk of the dataset in file order.
-    #[arg(long)]
-    pub index: u64,
-    #[command(flatten)]
-    pub audio: AudioOpts,
-}
-
 #[derive(Args, Debug)]
 pub struct MakeArgs {
     /// Folder to write.
@@ -295,27 +283,21 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     Ok(job)
 }
 
-pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
-    let files = open(&a.path, &a.audio, false)?;
+pub fn inspect(a: super::InspectArgs<AudioOpts>) -> Result<(), CliError> {
+    let files = open(&a.path, &a.opts, false)?;
     let pipeline = Pipeline::builder_iterable(files)
         .stage_with(
             "features",
             StageOptions::new().workers(Parallelism::Fixed(1)),
-            stage(&a.audio)?,
+            stage(&a.opts)?,
         )
         .shuffle(false)
-        .collate(FeatureCollate::new())
-        .build()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let report = pipeline.inspect(a.index, 0)?;
-    print!("{report}");
-    Ok(())
+        .collate(FeatureCollate::new());
+    super::print_inspect(pipeline, a.index)
 }
 
 pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
-    if a.count == 0 {
-        return Err(CliError::Usage("--count must be at least 1".into()));
-    }
+    super::check_count(a.count)?;
     if !(a.min_seconds > 0.0 && a.max_seconds >= a.min_seconds) {
         return Err(CliError::Usage(
             "need 0 < --min-seconds ≤ --max-seconds".into(),

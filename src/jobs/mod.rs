@@ -54,9 +54,9 @@ enum InspectDomain {
     /// Inspect a vision sample.
     Vision(vision::InspectArgs),
     /// Inspect a text sample.
-    Text(text::InspectArgs),
+    Text(InspectArgs<text::TextOpts>),
     /// Inspect an audio chunk.
-    Audio(audio::InspectArgs),
+    Audio(InspectArgs<audio::AudioOpts>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -67,6 +67,36 @@ enum MakeDomain {
     Text(MakeArgs),
     /// Tones, chirps and noise as wav/flac files of varied lengths and rates (`--speech`: and three spoken sentences).
     Audio(audio::MakeArgs),
+}
+
+/// `inspect text|audio`: a path, a sample index and the domain's options.
+#[derive(Args, Debug, Clone)]
+pub struct InspectArgs<O: Args> {
+    /// The dataset, as the domain's subcommand takes it; default: the
+    /// embedded one.
+    pub path: Option<PathBuf>,
+    /// Dataset index of the sample (audio: `file × 2^40 + chunk`, as in
+    /// `--dump`'s indices, or below 2^40 the N-th chunk in file order).
+    #[arg(long)]
+    pub index: u64,
+    #[command(flatten)]
+    pub opts: O,
+}
+
+/// Builds an `inspect` pipeline, pulls sample `index` through it and prints
+/// every stage.
+fn print_inspect(b: ferrofeed_core::PipelineBuilder, index: u64) -> Result<(), run::CliError> {
+    let pipeline = b.build().map_err(|e| run::CliError::Usage(e.to_string()))?;
+    print!("{}", pipeline.inspect(index, 0)?);
+    Ok(())
+}
+
+/// `make-dataset`'s `--count`, at least 1.
+fn check_count(count: u64) -> Result<(), run::CliError> {
+    if count == 0 {
+        return Err(run::CliError::Usage("--count must be at least 1".into()));
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug)]

@@ -63,17 +63,6 @@ pub struct TextArgs {
     pub common: CommonArgs,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct InspectArgs {
-    /// A .txt/.jsonl file or folder of them; default: the embedded corpus.
-    pub path: Option<PathBuf>,
-    /// Dataset index of the sample.
-    #[arg(long)]
-    pub index: u64,
-    #[command(flatten)]
-    pub text: TextOpts,
-}
-
 /// The embedded corpus, written to the cache folder on first use.
 fn default_corpus() -> Result<PathBuf, CliError> {
     let dir = super::cache_dir().join("text-corpus-v1");
@@ -271,8 +260,8 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
     Ok(job)
 }
 
-pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
-    let o = &a.text;
+pub fn inspect(a: super::InspectArgs<TextOpts>) -> Result<(), CliError> {
+    let o = &a.opts;
     let tok = tokenizer(o)?;
     let corpus = open(&a.path, o, 1)?;
     let collate = if o.pack {
@@ -289,16 +278,11 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
         Some(col) => b.collate(col),
         None => b.collate(PackCollate::new(o.max_length, tok.eos_id(), tok.pad_id())),
     };
-    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
-    let report = pipeline.inspect(a.index, 0)?;
-    print!("{report}");
-    Ok(())
+    super::print_inspect(b, a.index)
 }
 
 pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
-    if a.count == 0 {
-        return Err(CliError::Usage("--count must be at least 1".into()));
-    }
+    super::check_count(a.count)?;
     let lines: Vec<&str> = std::str::from_utf8(EMBEDDED_CORPUS)
         .map_err(|e| CliError::Usage(e.to_string()))?
         .lines()

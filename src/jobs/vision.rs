@@ -459,9 +459,7 @@ fn parse_image_size(s: &str) -> Result<(u32, u32), String> {
 
 pub fn make_dataset(m: &MakeVisionArgs) -> Result<(), CliError> {
     let a = &m.common;
-    if a.count == 0 {
-        return Err(CliError::Usage("--count must be at least 1".into()));
-    }
+    super::check_count(a.count)?;
     let t = std::time::Instant::now();
     synth::write_dataset_sized(
         &a.dir,
