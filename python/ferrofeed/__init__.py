@@ -67,7 +67,9 @@ class Loader:
         return self._inner.domain
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank."""
+        """Batches per epoch on this rank. Audio loaders, whose chunk count is
+        known only once the files are decoded, raise ``TypeError`` as
+        ``len()`` of an iterable without a length does."""
         return len(self._inner)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:

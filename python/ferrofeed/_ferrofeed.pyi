@@ -46,3 +46,23 @@ class Loader:
     def next_epoch(self) -> int: ...
 
 def flags(domain: str) -> List[Tuple[str, bool]]: ...
+
+class MapRunner:
+    """The engine under ``ferrofeed.torch.DataLoader`` for map-style datasets."""
+
+    def __init__(
+        self,
+        fetch: Any,
+        collate: Any,
+        auto: bool,
+        workers: int,
+        prefetch: int,
+        max_bytes: int,
+        ordered: bool,
+        on_error: str,
+        timeout: float,
+    ) -> None: ...
+    def start(self, batches: List[List[int]]) -> None: ...
+    def next(self) -> Optional[Tuple[List[int], Any]]: ...
+    def close(self) -> None: ...
+    def report(self) -> Dict[str, Any]: ...
