@@ -374,3 +374,76 @@ fn full_batches_across_files_resume_exactly() {
     }
     assert!(held_back > 0, "some saved state held a short part back");
 }
+
+/// SpecAugment masks and gain after the features: the same batches for any
+/// worker count and run, different from epoch to epoch, and none of it
+/// without the flags.
+#[test]
+fn augmentation_is_seeded_per_sample_and_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("data");
+    make_audio(&cache, &data, "4", "3", &["--seed", "5"]);
+    let dump = |name: &str, workers: &str, aug: bool| -> Vec<Vec<u8>> {
+        let out = tmp.path().join(name);
+        let mut args = vec![
+            "audio",
+            data.to_str().unwrap(),
+            "--chunk-seconds",
+            "1",
+            "--batch-size",
+            "3",
+            "--epochs",
+            "2",
+            "--shuffle",
+            "false",
+            "--workers",
+            workers,
+            "--quiet",
+            "--dump",
+            out.to_str().unwrap(),
+        ];
+        if aug {
+            args.extend_from_slice(&[
+                "--time-masks",
+                "2",
+                "--time-mask-width",
+                "30",
+                "--freq-masks",
+                "1",
+                "--freq-mask-width",
+                "20",
+                "--gain-db",
+                "6",
+            ]);
+        }
+        ok(&cache, &args);
+        files(&out, "features_").iter().map(|p| npy(p).2).collect()
+    };
+    let one = dump("w1", "1", true);
+    let two = dump("w2", "2", true);
+    let plain = dump("plain", "2", false);
+    assert_eq!(one, two, "augmented batches depend on the worker count");
+    assert_eq!(one.len(), plain.len());
+    assert!(
+        one.iter().zip(&plain).all(|(a, b)| a != b),
+        "some batch was not augmented"
+    );
+    // Unshuffled, the two epochs hold the same chunks in the same order:
+    // only the draws differ.
+    let half = plain.len() / 2;
+    assert_eq!(plain[..half], plain[half..]);
+    assert!(one[..half].iter().zip(&one[half..]).all(|(a, b)| a != b));
+    let bad = run(
+        &cache,
+        &[
+            "audio",
+            data.to_str().unwrap(),
+            "--gain-db",
+            "99",
+            "--quiet",
+        ],
+    );
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--gain-db 99"));
+}

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use ferrofeed_audio::{
-    synth, AudioFiles, DecodeOptions, FeatureCollate, FeatureConfig, FeatureKind, FeatureStage,
-    NonFinite, StreamOptions,
+    synth, AudioFiles, Augment, DecodeOptions, FeatureCollate, FeatureConfig, FeatureKind,
+    FeatureStage, NonFinite, StreamOptions,
 };
 use ferrofeed_core::STREAM_POSITION_BITS;
 use ferrofeed_core::{Batch, Parallelism, Pipeline, StageOptions};
@@ -73,6 +73,23 @@ pub struct AudioOpts {
     /// NaN or infinite samples in a file.
     #[arg(long, value_enum, default_value = "error")]
     pub non_finite: NonFiniteArg,
+    /// SpecAugment time masks per chunk (after the features, seeded per
+    /// sample and epoch).
+    #[arg(long, default_value_t = 0)]
+    pub time_masks: usize,
+    /// Each time mask is up to this many frames wide (torchaudio's
+    /// `time_mask_param`).
+    #[arg(long, default_value_t = 0)]
+    pub time_mask_width: usize,
+    /// SpecAugment frequency masks per chunk.
+    #[arg(long, default_value_t = 0)]
+    pub freq_masks: usize,
+    /// Each frequency mask is up to this many bins wide.
+    #[arg(long, default_value_t = 0)]
+    pub freq_mask_width: usize,
+    /// A random gain per chunk, uniform in ±DB decibels (0: off).
+    #[arg(long, default_value_t = 0.0, value_name = "DB")]
+    pub gain_db: f32,
     /// `mono`: mix channels (features [N, n_mels, frames]); `keep`: one
     /// plane per channel (features [N, channels, n_mels, frames]; a batch
     /// mixing channel counts fails naming the sample).
@@ -186,6 +203,33 @@ fn open(path: &Option<PathBuf>, o: &AudioOpts, quiet: bool) -> Result<AudioFiles
     AudioFiles::scan(&dir, opts).map_err(|e| CliError::Usage(e.to_string()))
 }
 
+/// The augmentation the flags ask for, or `None` when they ask for none.
+fn augment(o: &AudioOpts) -> Result<Option<Augment>, CliError> {
+    let a = Augment {
+        time_masks: o.time_masks,
+        time_mask_width: o.time_mask_width,
+        freq_masks: o.freq_masks,
+        freq_mask_width: o.freq_mask_width,
+        gain_db: o.gain_db,
+        kind: kind(o.features),
+    };
+    a.validate().map_err(CliError::Usage)?;
+    Ok((!a.is_off()).then_some(a))
+}
+
+/// The feature stage, then the augmentation when one is asked for.
+fn with_stages<S: ferrofeed_core::IterableSource>(
+    source: S,
+    o: &AudioOpts,
+    opts: StageOptions,
+) -> Result<ferrofeed_core::PipelineBuilder, CliError> {
+    let b = Pipeline::builder_iterable(source).stage_with("features", opts, stage(o)?);
+    Ok(match augment(o)? {
+        Some(a) => b.stage_with("augment", opts, a),
+        None => b,
+    })
+}
+
 fn stage(o: &AudioOpts) -> Result<FeatureStage, CliError> {
     let cfg = FeatureConfig {
         sample_rate: o.sample_rate,
@@ -235,7 +279,9 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
         tracing::warn!("{w}: falling back");
     }
     let cpus = resources.workers();
-    let stage = stage(&a.audio)?;
+    // Everything the flags can get wrong is refused before any file is read.
+    stage(&a.audio)?;
+    augment(&a.audio)?;
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
@@ -243,8 +289,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     let paths = files.files().to_vec();
     let read = files.samples_read();
     let opts = StageOptions::new().workers(c.workers);
-    let b = Pipeline::builder_iterable(files)
-        .stage_with("features", opts, stage)
+    let b = with_stages(files, &a.audio, opts)?
         .batch_size(c.batch_size)
         .interleave(match a.audio.interleave {
             Parallelism::Fixed(n) => n,
@@ -285,14 +330,13 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
 
 pub fn inspect(a: super::InspectArgs<AudioOpts>) -> Result<(), CliError> {
     let files = open(&a.path, &a.opts, false)?;
-    let pipeline = Pipeline::builder_iterable(files)
-        .stage_with(
-            "features",
-            StageOptions::new().workers(Parallelism::Fixed(1)),
-            stage(&a.opts)?,
-        )
-        .shuffle(false)
-        .collate(FeatureCollate::new());
+    let pipeline = with_stages(
+        files,
+        &a.opts,
+        StageOptions::new().workers(Parallelism::Fixed(1)),
+    )?
+    .shuffle(false)
+    .collate(FeatureCollate::new());
     super::print_inspect(pipeline, a.index)
 }
 

@@ -22,12 +22,14 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod augment;
 mod decode;
 mod features;
 mod stage;
 mod stream;
 pub mod synth;
 
+pub use augment::Augment;
 pub use decode::{DecodeOptions, Decoded, NonFinite, MAX_SAMPLE_RATE};
 pub use features::{
     db, hz_to_mel, mel_filterbank, mel_to_hz, FeatureConfig, FeatureExtractor, FeatureKind,
