@@ -447,3 +447,140 @@ fn augmentation_is_seeded_per_sample_and_epoch() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--gain-db 99"));
 }
+
+/// `--feature-cache`: later epochs and runs read features instead of
+/// decoding, bit-identical to computing them; a corrupt entry, a changed
+/// file or other settings are misses, recomputed; an unwritable folder
+/// runs uncached; two processes can fill the same folder at once.
+#[test]
+fn the_feature_cache_serves_later_epochs_and_runs_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("data");
+    make_audio(&cache, &data, "5", "3", &["--seed", "8"]);
+    let fc = tmp.path().join("features");
+    let go = |name: &str, more: &[&str]| -> (Vec<Vec<u8>>, serde_json::Value) {
+        let out = tmp.path().join(name);
+        let rep = tmp.path().join(format!("{name}.json"));
+        let mut args = vec![
+            "audio",
+            data.to_str().unwrap(),
+            "--chunk-seconds",
+            "1",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "2",
+            "--quiet",
+            "--dump",
+            out.to_str().unwrap(),
+            "--report-json",
+            rep.to_str().unwrap(),
+        ];
+        args.extend_from_slice(more);
+        ok(&cache, &args);
+        let batches = files(&out, "features_").iter().map(|p| npy(p).2).collect();
+        (batches, report(&rep))
+    };
+    let cached = ["--feature-cache", fc.to_str().unwrap()];
+    let (plain, _) = go("plain", &[]);
+    let (first, r1) = go("first", &cached);
+    assert_eq!(first, plain, "cached features differ from computed ones");
+    assert_eq!(
+        (
+            r1["feature_cache_misses"].as_u64(),
+            r1["feature_cache_hits"].as_u64()
+        ),
+        (Some(5), Some(5))
+    );
+    assert_eq!(r1["audio_seconds"], go("plain2", &[]).1["audio_seconds"]);
+    let (second, r2) = go("second", &cached);
+    assert_eq!(second, plain);
+    assert_eq!(r2["feature_cache_hits"].as_u64(), Some(10));
+    assert!(r2["feature_cache_bytes_read"].as_u64().unwrap() > 0);
+
+    // A corrupt entry (one flipped byte) and a truncated one are recomputed.
+    let mut entries: Vec<PathBuf> = files(&fc, "")
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "ffac"))
+        .collect();
+    entries.sort();
+    assert_eq!(entries.len(), 5);
+    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&entries[0], &bytes).unwrap();
+    let len = std::fs::metadata(&entries[1]).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&entries[1])
+        .unwrap()
+        .set_len(len - 7)
+        .unwrap();
+    let (third, r3) = go("third", &cached);
+    assert_eq!(third, plain);
+    assert_eq!(r3["feature_cache_misses"].as_u64(), Some(2));
+
+    // Other settings: new entries.
+    let (_, r4) = go("mels", &[cached[0], cached[1], "--n-mels", "40"]);
+    assert_eq!(r4["feature_cache_misses"].as_u64(), Some(5));
+
+    // A changed file is a miss (its size and mtime are in the key).
+    let victim = files(&data, "")
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "wav"))
+        .unwrap();
+    let mut w = std::fs::read(&victim).unwrap();
+    w.extend_from_slice(&[0u8; 64]);
+    std::fs::write(&victim, &w).unwrap();
+    let (_, r5) = go("changed", &cached);
+    assert_eq!(r5["feature_cache_misses"].as_u64(), Some(1));
+
+    // A read-only folder: the run works, uncached.
+    let ro = tmp.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mut perm = std::fs::metadata(&ro).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o555);
+    std::fs::set_permissions(&ro, perm).unwrap();
+    let writable = std::fs::write(ro.join("probe"), b"x").is_ok(); // root ignores modes
+    let (ro_run, _) = go("ro_run", &["--feature-cache", ro.to_str().unwrap()]);
+    let (now, _) = go("now", &[]);
+    assert_eq!(ro_run, now);
+    if !writable {
+        assert!(files(&ro, "").is_empty());
+    }
+
+    // Two processes filling one folder.
+    let shared = tmp.path().join("shared");
+    let spawn = |name: &str| {
+        let out = tmp.path().join(name);
+        std::process::Command::new(env!("CARGO_BIN_EXE_ferrofeed"))
+            .env("FERROFEED_CACHE_DIR", &cache)
+            .args([
+                "audio",
+                data.to_str().unwrap(),
+                "--chunk-seconds",
+                "1",
+                "--batch-size",
+                "4",
+                "--quiet",
+            ])
+            .args([
+                "--feature-cache",
+                shared.to_str().unwrap(),
+                "--dump",
+                out.to_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap()
+    };
+    let (mut a, mut b) = (spawn("pa"), spawn("pb"));
+    assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+    let (after, r6) = go("after", &["--feature-cache", shared.to_str().unwrap()]);
+    assert_eq!(after, now);
+    assert_eq!(r6["feature_cache_misses"].as_u64(), Some(0));
+    assert!(
+        files(&shared, ".tmp").is_empty(),
+        "temporary files left behind"
+    );
+}

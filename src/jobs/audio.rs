@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use ferrofeed_audio::{
-    synth, AudioFiles, Augment, DecodeOptions, FeatureCollate, FeatureConfig, FeatureKind,
-    FeatureStage, NonFinite, StreamOptions,
+    synth, AudioFiles, Augment, CachedFeatures, DecodeOptions, FeatureCache, FeatureCollate,
+    FeatureConfig, FeatureKind, FeatureStage, NonFinite, StreamOptions,
 };
 use ferrofeed_core::STREAM_POSITION_BITS;
 use ferrofeed_core::{Batch, Parallelism, Pipeline, StageOptions};
@@ -73,6 +73,14 @@ pub struct AudioOpts {
     /// NaN or infinite samples in a file.
     #[arg(long, value_enum, default_value = "error")]
     pub non_finite: NonFiniteArg,
+    /// Keep each file's chunk features on disk here, keyed by the file
+    /// (path, size, mtime) and every setting that shapes them; later epochs
+    /// and runs read them instead of decoding.
+    #[arg(long, value_name = "DIR")]
+    pub feature_cache: Option<PathBuf>,
+    /// Cap on the feature cache folder; least recently used entries go.
+    #[arg(long, value_parser = super::parse_size, value_name = "SIZE", default_value = "8GiB")]
+    pub feature_cache_size: usize,
     /// SpecAugment time masks per chunk (after the features, seeded per
     /// sample and epoch).
     #[arg(long, default_value_t = 0)]
@@ -217,17 +225,32 @@ fn augment(o: &AudioOpts) -> Result<Option<Augment>, CliError> {
     Ok((!a.is_off()).then_some(a))
 }
 
-/// The feature stage, then the augmentation when one is asked for.
-fn with_stages<S: ferrofeed_core::IterableSource>(
-    source: S,
+/// The features — computed by a stage, or through the feature cache by the
+/// source — then the augmentation when one is asked for.
+fn with_stages(
+    files: AudioFiles,
     o: &AudioOpts,
     opts: StageOptions,
+    cache: Option<&Arc<FeatureCache>>,
 ) -> Result<ferrofeed_core::PipelineBuilder, CliError> {
-    let b = Pipeline::builder_iterable(source).stage_with("features", opts, stage(o)?);
+    let b = match cache {
+        Some(c) => Pipeline::builder_iterable(CachedFeatures::new(files, stage(o)?, Arc::clone(c))),
+        None => Pipeline::builder_iterable(files).stage_with("features", opts, stage(o)?),
+    };
     Ok(match augment(o)? {
         Some(a) => b.stage_with("augment", opts, a),
         None => b,
     })
+}
+
+/// The feature cache the flags ask for.
+fn feature_cache(o: &AudioOpts) -> Result<Option<Arc<FeatureCache>>, CliError> {
+    match &o.feature_cache {
+        None => Ok(None),
+        Some(dir) => FeatureCache::open(dir, o.feature_cache_size as u64)
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--feature-cache {}: {e}", dir.display()))),
+    }
 }
 
 fn stage(o: &AudioOpts) -> Result<FeatureStage, CliError> {
@@ -289,7 +312,8 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     let paths = files.files().to_vec();
     let read = files.samples_read();
     let opts = StageOptions::new().workers(c.workers);
-    let b = with_stages(files, &a.audio, opts)?
+    let cache = feature_cache(&a.audio)?;
+    let b = with_stages(files, &a.audio, opts, cache.as_ref())?
         .batch_size(c.batch_size)
         .interleave(match a.audio.interleave {
             Parallelism::Fixed(n) => n,
@@ -320,6 +344,18 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
             json!(audio_s / seconds.max(1e-9)),
         );
         m.insert("files".to_string(), json!(paths.len()));
+        if let Some(fc) = &cache {
+            m.insert("feature_cache_hits".to_string(), json!(fc.hits()));
+            m.insert("feature_cache_misses".to_string(), json!(fc.misses()));
+            m.insert(
+                "feature_cache_bytes_read".to_string(),
+                json!(fc.bytes_read()),
+            );
+            m.insert(
+                "feature_cache_bytes_written".to_string(),
+                json!(fc.bytes_written()),
+            );
+        }
         m
     };
     let mut job = Job::new("audio", pipeline, a.common.clone(), index, resources);
@@ -334,6 +370,7 @@ pub fn inspect(a: super::InspectArgs<AudioOpts>) -> Result<(), CliError> {
         files,
         &a.opts,
         StageOptions::new().workers(Parallelism::Fixed(1)),
+        None,
     )?
     .shuffle(false)
     .collate(FeatureCollate::new());

@@ -23,6 +23,7 @@
 #![warn(unreachable_pub)]
 
 mod augment;
+mod cache;
 mod decode;
 mod features;
 mod stage;
@@ -30,6 +31,7 @@ mod stream;
 pub mod synth;
 
 pub use augment::Augment;
+pub use cache::{CachedFeatures, FeatureCache};
 pub use decode::{DecodeOptions, Decoded, NonFinite, MAX_SAMPLE_RATE};
 pub use features::{
     db, hz_to_mel, mel_filterbank, mel_to_hz, FeatureConfig, FeatureExtractor, FeatureKind,

@@ -87,6 +87,18 @@ impl Stage for FeatureStage {
     type In = AudioChunk;
     type Out = ChunkFeatures;
     fn process(&self, c: AudioChunk, _ctx: &StageCtx) -> Result<ChunkFeatures, BoxError> {
+        self.features_of(c)
+    }
+}
+
+impl FeatureStage {
+    /// What the settings describe, for cache keys.
+    pub fn settings(&self) -> String {
+        format!("{:?} {:?}", self.fx.config(), self.kind)
+    }
+
+    /// One chunk's features.
+    pub fn features_of(&self, c: AudioChunk) -> Result<ChunkFeatures, BoxError> {
         let rate = self.fx.config().sample_rate;
         if c.sample_rate != rate {
             return Err(format!(

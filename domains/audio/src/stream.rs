@@ -339,7 +339,7 @@ pub struct ChunkStream {
     rate: u32,
     scratch: Vec<f32>,
     done: bool,
-    counter: Option<Arc<AtomicU64>>,
+    pub(crate) counter: Option<Arc<AtomicU64>>,
 }
 
 impl ChunkStream {

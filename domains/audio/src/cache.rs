@@ -1,0 +1,464 @@
+//! A feature cache on disk: each file's chunk features, keyed by the file
+//! (path, size, modification time) and every setting that shapes them, so
+//! later epochs and later runs read features instead of decoding.
+//!
+//! - One entry per audio file, written as the features are computed (never
+//!   held whole in memory) to a temporary file that is renamed into place
+//!   when complete: readers see a whole entry or none, and two processes
+//!   filling the same entry both leave a valid one.
+//! - An entry ends with a CRC-32 of everything before it and its record
+//!   count; a truncated or corrupt entry, or one made for other settings,
+//!   is a miss — recomputed and replaced, never served.
+//! - Read through a memory map; a size cap evicts the least recently used
+//!   entries; a folder that cannot be written makes the run uncached (one
+//!   warning), not failed.
+//!
+//! ```
+//! use ferrofeed_audio::FeatureCache;
+//! let dir = std::env::temp_dir().join(format!("ff-doc-cache-{}", std::process::id()));
+//! let cache = FeatureCache::open(&dir, 1 << 30).unwrap();
+//! assert_eq!((cache.hits(), cache.misses()), (0, 0));
+//! # std::fs::remove_dir_all(&dir).ok();
+//! ```
+use std::fs::File;
+use std::hash::{Hash, Hasher};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use ferrofeed_core::{BoxError, IterableSource, ShardIter};
+
+use crate::features::Features;
+use crate::stage::{ChunkFeatures, FeatureStage};
+use crate::stream::{AudioFiles, ChunkStream};
+
+const MAGIC: &[u8; 4] = b"FFAC";
+const END: &[u8; 4] = b"FEND";
+const VERSION: u32 = 1;
+/// magic, version, key (16), bins, frames, channels.
+const HEADER: usize = 4 + 4 + 16 + 4 * 3;
+/// chunks, total samples, crc, end magic.
+const TRAILER: usize = 4 + 8 + 4 + 4;
+
+/// Where entries live, and what was found there.
+#[derive(Debug)]
+pub struct FeatureCache {
+    dir: PathBuf,
+    max_bytes: u64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    unwritable: AtomicBool,
+    seq: AtomicU64,
+}
+
+impl FeatureCache {
+    /// The cache in `dir` (created if missing), holding at most `max_bytes`.
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Arc<FeatureCache>, std::io::Error> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Arc::new(FeatureCache {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            unwritable: AtomicBool::new(false),
+            seq: AtomicU64::new(0),
+        }))
+    }
+
+    /// Files whose features were read from the cache.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+    /// Files whose features were computed.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+    /// Bytes of entries read.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+    /// Bytes of entries written.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// The key of `path`'s features under `settings`; `None` when the file
+    /// cannot be read (the decode then reports it).
+    fn key(path: &Path, settings: &str) -> Option<[u8; 16]> {
+        let meta = std::fs::metadata(path).ok()?;
+        let mtime = meta
+            .modified()
+            .ok()?
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .ok()?
+            .as_nanos();
+        let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let mut out = [0u8; 16];
+        for (i, salt) in [0x6666_6163u64, 0x6b65_7932].into_iter().enumerate() {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, &canon, meta.len(), mtime, settings, VERSION).hash(&mut h);
+            out[i * 8..(i + 1) * 8].copy_from_slice(&h.finish().to_le_bytes());
+        }
+        Some(out)
+    }
+
+    fn entry(&self, key: &[u8; 16]) -> PathBuf {
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        self.dir.join(format!("{hex}.ffac"))
+    }
+
+    /// The entry for `key`, checked whole; `None` when missing, truncated,
+    /// corrupt or made for another key.
+    fn read(&self, key: &[u8; 16]) -> Option<Entry> {
+        let path = self.entry(key);
+        let file = File::open(&path).ok()?;
+        // SAFETY: entries are only ever replaced by rename, never written in
+        // place, so the mapped file does not change under the map.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let e = Entry::parse(map, key)?;
+        // Recently used: eviction removes the oldest first.
+        let _ = file.set_modified(SystemTime::now());
+        Some(e)
+    }
+
+    /// Removes the least recently used entries until the folder fits the cap.
+    fn enforce_cap(&self, keep: &Path) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut entries: Vec<(SystemTime, u64, PathBuf)> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "ffac"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        entries.sort();
+        for (_, len, p) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if p != keep && std::fs::remove_file(&p).is_ok() {
+                total -= len;
+            }
+        }
+    }
+}
+
+/// A checked entry.
+struct Entry {
+    map: memmap2::Mmap,
+    bins: usize,
+    frames: usize,
+    channels: usize,
+    chunks: usize,
+    total: u64,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+impl Entry {
+    fn record_len(bins: usize, frames: usize, channels: usize) -> Option<usize> {
+        12usize.checked_add(
+            bins.checked_mul(frames)?
+                .checked_mul(channels)?
+                .checked_mul(4)?,
+        )
+    }
+
+    fn parse(map: memmap2::Mmap, key: &[u8; 16]) -> Option<Entry> {
+        let b = &map[..];
+        if b.len() < HEADER + TRAILER
+            || &b[..4] != MAGIC
+            || u32_at(b, 4)? != VERSION
+            || &b[8..24] != key
+        {
+            return None;
+        }
+        let (bins, frames, channels) = (
+            u32_at(b, 24)? as usize,
+            u32_at(b, 28)? as usize,
+            u32_at(b, 32)? as usize,
+        );
+        let t = b.len() - TRAILER;
+        let chunks = u32_at(b, t)? as usize;
+        let total = u64_at(b, t + 4)?;
+        let crc = u32_at(b, t + 12)?;
+        if &b[t + 16..] != END {
+            return None;
+        }
+        let rec = Self::record_len(bins, frames, channels)?;
+        if HEADER.checked_add(chunks.checked_mul(rec)?)? != t {
+            return None;
+        }
+        if crc32fast::hash(&b[..t + 12]) != crc {
+            return None;
+        }
+        Some(Entry {
+            map,
+            bins,
+            frames,
+            channels,
+            chunks,
+            total,
+        })
+    }
+
+    fn chunk(&self, i: usize) -> Option<ChunkFeatures> {
+        let rec = Self::record_len(self.bins, self.frames, self.channels)?;
+        let at = HEADER + i * rec;
+        let b = self.map.get(at..at + rec)?;
+        let valid = u32_at(b, 0)? as usize;
+        let start = u64_at(b, 4)?;
+        let data: Vec<f32> = b[12..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Some(ChunkFeatures {
+            features: Features {
+                data,
+                bins: self.bins,
+                frames: self.frames,
+            },
+            channels: self.channels,
+            valid,
+            start,
+        })
+    }
+}
+
+/// Writes an entry as its chunks are computed; renamed into place only when
+/// finished whole.
+struct Writer {
+    tmp: PathBuf,
+    out: BufWriter<File>,
+    crc: crc32fast::Hasher,
+    key: [u8; 16],
+    dims: Option<(usize, usize, usize)>,
+    chunks: u32,
+    bytes: u64,
+}
+
+impl Writer {
+    fn new(cache: &FeatureCache, key: [u8; 16]) -> std::io::Result<Writer> {
+        let n = cache.seq.fetch_add(1, Ordering::Relaxed);
+        let tmp = cache.dir.join(format!(
+            ".tmp-{}-{n}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        Ok(Writer {
+            out: BufWriter::new(File::create(&tmp)?),
+            tmp,
+            crc: crc32fast::Hasher::new(),
+            key,
+            dims: None,
+            chunks: 0,
+            bytes: 0,
+        })
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.crc.update(bytes);
+        self.bytes += bytes.len() as u64;
+        self.out.write_all(bytes)
+    }
+
+    fn header(&mut self, bins: usize, frames: usize, channels: usize) -> std::io::Result<()> {
+        let mut h = Vec::with_capacity(HEADER);
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&self.key);
+        for v in [bins, frames, channels] {
+            h.extend_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_le_bytes());
+        }
+        self.dims = Some((bins, frames, channels));
+        self.put(&h)
+    }
+
+    fn chunk(&mut self, c: &ChunkFeatures) -> std::io::Result<()> {
+        let dims = (c.features.bins, c.features.frames, c.channels.max(1));
+        match self.dims {
+            None => self.header(dims.0, dims.1, dims.2)?,
+            Some(d) if d != dims => {
+                return Err(std::io::Error::other("chunks of one file differ in shape"))
+            }
+            Some(_) => {}
+        }
+        let mut r = Vec::with_capacity(12 + c.features.data.len() * 4);
+        r.extend_from_slice(&u32::try_from(c.valid).unwrap_or(u32::MAX).to_le_bytes());
+        r.extend_from_slice(&c.start.to_le_bytes());
+        for v in &c.features.data {
+            r.extend_from_slice(&v.to_le_bytes());
+        }
+        self.chunks += 1;
+        self.put(&r)
+    }
+
+    fn finish(mut self, cache: &FeatureCache, total: u64) -> std::io::Result<PathBuf> {
+        if self.dims.is_none() {
+            self.header(0, 0, 1)?;
+        }
+        let mut t = Vec::with_capacity(TRAILER);
+        t.extend_from_slice(&self.chunks.to_le_bytes());
+        t.extend_from_slice(&total.to_le_bytes());
+        self.put(&t)?;
+        let crc = self.crc.clone().finalize();
+        self.out.write_all(&crc.to_le_bytes())?;
+        self.out.write_all(END)?;
+        self.out.flush()?;
+        self.out.get_ref().sync_data()?;
+        let dest = cache.entry(&self.key);
+        std::fs::rename(&self.tmp, &dest)?;
+        cache
+            .bytes_written
+            .fetch_add(self.bytes + 8, Ordering::Relaxed);
+        Ok(dest)
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Unfinished: nothing is renamed into place; a finished one was
+        // renamed and this removes nothing.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Audio files as chunk features, through a [`FeatureCache`]: a file with a
+/// valid entry is read from it; any other is decoded, its features computed
+/// and its entry written as they are streamed out.
+pub struct CachedFeatures {
+    files: AudioFiles,
+    features: FeatureStage,
+    cache: Arc<FeatureCache>,
+    settings: String,
+}
+
+impl CachedFeatures {
+    /// `files` → `features`, cached in `cache`.
+    pub fn new(files: AudioFiles, features: FeatureStage, cache: Arc<FeatureCache>) -> Self {
+        let settings = format!("{:?} {}", files.options(), features.settings());
+        CachedFeatures {
+            files,
+            features,
+            cache,
+            settings,
+        }
+    }
+
+    /// The files, in shard order.
+    pub fn files(&self) -> &[PathBuf] {
+        self.files.files()
+    }
+
+    /// The counter of samples read (decoded or from entries).
+    pub fn samples_read(&self) -> Arc<AtomicU64> {
+        self.files.samples_read()
+    }
+}
+
+impl IterableSource for CachedFeatures {
+    type Output = ChunkFeatures;
+    fn num_shards(&self) -> usize {
+        self.files.num_shards()
+    }
+    fn shard_key(&self, shard: usize) -> String {
+        self.files.shard_key(shard)
+    }
+    fn open(&self, shard: usize) -> Result<ShardIter<ChunkFeatures>, BoxError> {
+        let path = self
+            .files
+            .files()
+            .get(shard)
+            .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?
+            .clone();
+        let key = FeatureCache::key(&path, &self.settings);
+        let cache = Arc::clone(&self.cache);
+        if let Some(e) = key.as_ref().and_then(|k| cache.read(k)) {
+            cache.hits.fetch_add(1, Ordering::Relaxed);
+            cache
+                .bytes_read
+                .fetch_add(e.map.len() as u64, Ordering::Relaxed);
+            self.files
+                .samples_read()
+                .fetch_add(e.total, Ordering::Relaxed);
+            let n = e.chunks;
+            return Ok(Box::new((0..n).map(move |i| {
+                e.chunk(i)
+                    .ok_or_else(|| BoxError::from("feature cache entry changed while read"))
+            })));
+        }
+        cache.misses.fetch_add(1, Ordering::Relaxed);
+        let mut stream = ChunkStream::open(&path, self.files.options())?;
+        let counter = self.files.samples_read();
+        let before = Arc::new(AtomicU64::new(0));
+        stream.counter = Some(Arc::clone(&before));
+        let features = self.features.clone();
+        let mut writer = match key {
+            Some(k) if !cache.unwritable.load(Ordering::Relaxed) => match Writer::new(&cache, k) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    if !cache.unwritable.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "feature cache {}: {e}; running uncached",
+                            cache.dir.display()
+                        );
+                    }
+                    None
+                }
+            },
+            _ => None,
+        };
+        let mut done = false;
+        Ok(Box::new(std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            match stream.next() {
+                Some(Ok(chunk)) => {
+                    let f = features.features_of(chunk);
+                    // A chunk that fails, or an entry that cannot be
+                    // written, leaves this file uncached.
+                    let kept = match (&f, writer.as_mut()) {
+                        (Ok(c), Some(w)) => w.chunk(c).is_ok(),
+                        _ => false,
+                    };
+                    if !kept {
+                        writer = None;
+                    }
+                    Some(f)
+                }
+                Some(Err(e)) => {
+                    writer = None;
+                    done = true;
+                    Some(Err(BoxError::from(e)))
+                }
+                None => {
+                    done = true;
+                    let total = before.load(Ordering::Relaxed);
+                    counter.fetch_add(total, Ordering::Relaxed);
+                    if let Some(w) = writer.take() {
+                        if let Ok(dest) = w.finish(&cache, total) {
+                            cache.enforce_cap(&dest);
+                        }
+                    }
+                    None
+                }
+            }
+        })))
+    }
+}
