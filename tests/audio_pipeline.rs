@@ -339,3 +339,87 @@ fn channels_can_be_kept_one_plane_each() {
         "the second plane is the right channel"
     );
 }
+
+/// An audio pipeline over WAV files knows its epoch length from their
+/// headers: the hint equals the batches delivered, for mixed rates and
+/// channel counts, with and without overlap, shuffled, sharded and with
+/// drop_last. One file of another format makes the length unknown.
+#[test]
+fn the_epoch_length_is_known_from_the_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut names = synth::write_dataset_with(
+        dir.path(),
+        9,
+        4,
+        &synth::SynthOptions {
+            seconds: 0.3..4.0,
+            format: synth::Format::Wav,
+            ..synth::SynthOptions::default()
+        },
+    )
+    .unwrap();
+    names.sort();
+    assert!(names
+        .iter()
+        .all(|p| p.extension().is_some_and(|e| e == "wav")));
+    for (chunk, overlap, batch, drop_last, world) in [
+        (1.0, 0.0, 4, false, 1),
+        (0.7, 0.2, 3, true, 1),
+        (2.0, 0.5, 5, false, 2),
+        (0.25, 0.0, 16, false, 3),
+    ] {
+        let opts = StreamOptions {
+            chunk_seconds: chunk,
+            overlap_seconds: overlap,
+            ..StreamOptions::default()
+        };
+        for rank in 0..world {
+            let files = AudioFiles::scan(dir.path(), opts).unwrap();
+            let p = Pipeline::builder_iterable(files)
+                .stage(
+                    "f",
+                    FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+                )
+                .batch_size(batch)
+                .drop_last(drop_last)
+                .shuffle(true)
+                .shard(Shard::new(rank, world).unwrap())
+                .collate(FeatureCollate::new())
+                .build()
+                .unwrap();
+            for epoch in 0..2 {
+                let hint = p.epoch_hint(epoch).expect("WAV headers give lengths");
+                let got = p
+                    .epoch(epoch)
+                    .filter(|b| b.as_ref().map(|_| true).unwrap())
+                    .count();
+                assert_eq!(
+                    hint, got,
+                    "chunk {chunk} overlap {overlap} batch {batch} rank {rank}/{world}"
+                );
+            }
+        }
+    }
+    let flac = synth::write_dataset_with(
+        dir.path(),
+        1,
+        9,
+        &synth::SynthOptions {
+            seconds: 1.0..2.0,
+            format: synth::Format::Flac,
+            ..synth::SynthOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(flac[0].extension().is_some_and(|e| e == "flac"));
+    let files = AudioFiles::scan(dir.path(), StreamOptions::default()).unwrap();
+    let p = Pipeline::builder_iterable(files)
+        .stage(
+            "f",
+            FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+        )
+        .collate(FeatureCollate::new())
+        .build()
+        .unwrap();
+    assert_eq!(p.epoch_hint(0), None);
+}

@@ -87,6 +87,14 @@ pub trait IterableSource: Send + Sync + 'static {
     fn shard_key(&self, shard: usize) -> String;
     /// Opens shard `shard` for streaming.
     fn open(&self, shard: usize) -> Result<ShardIter<Self::Output>, BoxError>;
+    /// How many items shard `shard` will yield, when that is known without
+    /// reading it (from headers, an index); `None` (the default) when not.
+    /// With every shard's length known, the pipeline knows its epoch length
+    /// ([`Pipeline::epoch_hint`](crate::Pipeline::epoch_hint)).
+    fn shard_len(&self, shard: usize) -> Option<u64> {
+        let _ = shard;
+        None
+    }
 }
 
 /// Bits of a streamed sample's index that hold its position in its shard;

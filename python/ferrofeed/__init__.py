@@ -67,9 +67,10 @@ class Loader:
         return self._inner.domain
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank. Audio loaders, whose chunk count is
-        known only once the files are decoded, raise ``TypeError`` as
-        ``len()`` of an iterable without a length does."""
+        """Batches per epoch on this rank. Audio loaders know it from WAV
+        headers; with files of other formats, whose chunk count is known only
+        once decoded, they raise ``TypeError`` as ``len()`` of an iterable
+        without a length does."""
         return len(self._inner)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:

@@ -146,6 +146,7 @@ def test_text_batches(text_file):
 def test_audio_batches(audio_dir):
     loader = ferrofeed.audio(audio_dir, batch_size=4, chunk_seconds=1, n_mels=40, output="numpy")
     batches = list(loader)
+    assert len(loader) == len(batches)  # WAV headers give the length
     assert {"features", "lengths", "chunk_starts", "indices"} <= set(batches[0])
     f = batches[0]["features"]
     assert f.dtype == np.float32 and f.shape[:2] == (4, 40)

@@ -31,6 +31,8 @@ pub(crate) enum ErasedSource {
         shards: usize,
         key: Box<dyn Fn(usize) -> String + Send + Sync>,
         open: OpenFn,
+        /// Items in a shard, when known without reading it.
+        len: Box<dyn Fn(usize) -> Option<u64> + Send + Sync>,
     },
 }
 
@@ -62,9 +64,11 @@ impl ErasedSource {
     pub(crate) fn iterable<S: IterableSource>(source: S) -> Self {
         let source = Arc::new(source);
         let s2 = Arc::clone(&source);
+        let s3 = Arc::clone(&source);
         ErasedSource::Iter {
             shards: source.num_shards(),
             key: Box::new(move |s| s2.shard_key(s)),
+            len: Box::new(move |s| s3.shard_len(s)),
             open: Box::new(move |shard, capacity, seed| {
                 let it = source.open(shard)?;
                 Ok(Box::new(StreamReader {

@@ -260,9 +260,27 @@ impl Pipeline {
         }
     }
 
-    /// Number of batches epoch `epoch` will hold before any skip
-    /// (map-style sources).
+    /// Number of batches epoch `epoch` will hold before any skip: for
+    /// map-style sources from the plan, for iterable ones when every shard
+    /// of this rank knows its length ([`IterableSource::shard_len`](crate::IterableSource::shard_len)).
     pub fn epoch_hint(&self, epoch: u64) -> Option<usize> {
+        if let ErasedSource::Iter { len, .. } = &self.shared.source {
+            // Full batches across shard groups: only the epoch's last batch
+            // may be short (or dropped).
+            let items: u64 = self
+                .shard_order(epoch)?
+                .into_iter()
+                .map(len)
+                .sum::<Option<u64>>()?;
+            let b = self.shared.cfg.batching;
+            let size = b.size.max(1) as u64;
+            let n = if b.drop_last {
+                items / size
+            } else {
+                items.div_ceil(size)
+            };
+            return usize::try_from(n).ok();
+        }
         self.plan(epoch)?.ok().map(|p| p.num_batches())
     }
 

@@ -373,6 +373,9 @@ impl CachedFeatures {
 
 impl IterableSource for CachedFeatures {
     type Output = ChunkFeatures;
+    fn shard_len(&self, shard: usize) -> Option<u64> {
+        self.files.shard_len(shard)
+    }
     fn num_shards(&self) -> usize {
         self.files.num_shards()
     }

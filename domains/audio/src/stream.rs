@@ -478,6 +478,8 @@ pub struct AudioFiles {
     files: Vec<PathBuf>,
     opts: StreamOptions,
     samples: Arc<AtomicU64>,
+    /// Each file's chunk count from its header, looked up once.
+    lens: Vec<std::sync::OnceLock<Option<u64>>>,
 }
 
 impl AudioFiles {
@@ -515,6 +517,7 @@ impl AudioFiles {
             });
         }
         Ok(AudioFiles {
+            lens: files.iter().map(|_| std::sync::OnceLock::new()).collect(),
             files,
             opts,
             samples: Arc::default(),
@@ -538,8 +541,62 @@ impl AudioFiles {
     }
 }
 
+impl ChunkSpec {
+    /// Chunks a stream of `samples` samples makes: every full chunk, then
+    /// a zero-padded last one for samples no chunk holds.
+    pub fn chunks_for(&self, samples: u64) -> u64 {
+        let (c, step) = (self.chunk.max(1) as u64, self.step().max(1) as u64);
+        if samples == 0 {
+            return 0;
+        }
+        let full = if samples >= c {
+            (samples - c) / step + 1
+        } else {
+            0
+        };
+        let covered = if full > 0 { (full - 1) * step + c } else { 0 };
+        full + u64::from(samples > covered || full == 0)
+    }
+}
+
+impl AudioFiles {
+    /// Chunks file `shard` makes, from its header's frame count: WAV only,
+    /// whose header states the sample count exactly (`None` for other
+    /// formats, whose headers can disagree with the decoded length, or a file
+    /// that cannot be opened; a truncated WAV makes it an overestimate).
+    fn chunks_of(&self, shard: usize) -> Option<u64> {
+        let path = self.files.get(shard)?;
+        let wav = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("wav"));
+        if !wav {
+            return None;
+        }
+        let d = crate::decode::Decoded::open(path, &self.opts.decode).ok()?;
+        let frames = d.frames_hint()?;
+        let (rin, rout) = (u64::from(d.sample_rate()), u64::from(self.opts.sample_rate));
+        let samples = if rin == rout || rin == 0 {
+            frames
+        } else {
+            (frames * rout).div_ceil(rin)
+        };
+        let spec = ChunkSpec::from_seconds(
+            self.opts.chunk_seconds,
+            self.opts.overlap_seconds,
+            self.opts.sample_rate,
+        )
+        .ok()?;
+        Some(spec.chunks_for(samples))
+    }
+}
+
 impl IterableSource for AudioFiles {
     type Output = AudioChunk;
+    fn shard_len(&self, shard: usize) -> Option<u64> {
+        let cell = self.lens.get(shard)?;
+        *cell.get_or_init(|| self.chunks_of(shard))
+    }
     fn num_shards(&self) -> usize {
         self.files.len()
     }
