@@ -229,18 +229,18 @@ fn augment(o: &AudioOpts) -> Result<Option<Augment>, CliError> {
 /// source — then the augmentation when one is asked for.
 fn with_stages(
     files: AudioFiles,
-    o: &AudioOpts,
+    (features, aug): (FeatureStage, Option<Augment>),
     opts: StageOptions,
     cache: Option<&Arc<FeatureCache>>,
-) -> Result<ferrofeed_core::PipelineBuilder, CliError> {
+) -> ferrofeed_core::PipelineBuilder {
     let b = match cache {
-        Some(c) => Pipeline::builder_iterable(CachedFeatures::new(files, stage(o)?, Arc::clone(c))),
-        None => Pipeline::builder_iterable(files).stage_with("features", opts, stage(o)?),
+        Some(c) => Pipeline::builder_iterable(CachedFeatures::new(files, features, Arc::clone(c))),
+        None => Pipeline::builder_iterable(files).stage_with("features", opts, features),
     };
-    Ok(match augment(o)? {
+    match aug {
         Some(a) => b.stage_with("augment", opts, a),
         None => b,
-    })
+    }
 }
 
 /// The feature cache the flags ask for.
@@ -303,8 +303,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     }
     let cpus = resources.workers();
     // Everything the flags can get wrong is refused before any file is read.
-    stage(&a.audio)?;
-    augment(&a.audio)?;
+    let stages = (stage(&a.audio)?, augment(&a.audio)?);
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
@@ -313,7 +312,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     let read = files.samples_read();
     let opts = StageOptions::new().workers(c.workers);
     let cache = feature_cache(&a.audio)?;
-    let b = with_stages(files, &a.audio, opts, cache.as_ref())?
+    let b = with_stages(files, stages, opts, cache.as_ref())
         .batch_size(c.batch_size)
         .interleave(match a.audio.interleave {
             Parallelism::Fixed(n) => n,
@@ -366,12 +365,13 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
 
 pub fn inspect(a: super::InspectArgs<AudioOpts>) -> Result<(), CliError> {
     let files = open(&a.path, &a.opts, false)?;
+    let stages = (stage(&a.opts)?, augment(&a.opts)?);
     let pipeline = with_stages(
         files,
-        &a.opts,
+        stages,
         StageOptions::new().workers(Parallelism::Fixed(1)),
         None,
-    )?
+    )
     .shuffle(false)
     .collate(FeatureCollate::new());
     super::print_inspect(pipeline, a.index)
