@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 cargo test --workspace
+# The remote-data tests drive the command against moto's S3 server.
+cargo build --bin ferrofeed
+export FERROFEED_BIN="$PWD/target/debug/ferrofeed"
 
 VENV=${FERROFEED_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrofeed/venv}
 if [ ! -x "$VENV/bin/python" ]; then
@@ -13,6 +16,9 @@ fi
 # torch is ~5 GB (PyPI has CUDA builds only; they run on CPU): installed once.
 "$VENV/bin/python" -c "import numpy, torch, PIL, pytest, maturin" 2>/dev/null ||
   "$VENV/bin/pip" install -q numpy torch pillow pytest maturin
+# moto's S3 server (started on loopback by the tests) and boto3 to fill it.
+"$VENV/bin/python" -c "import moto.server, boto3" 2>/dev/null ||
+  "$VENV/bin/pip" install -q 'moto[server]' boto3
 "$VENV/bin/pip" install -q ./python
 # Run from the root so that `import ferrofeed` is the installed package.
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir python python/tests

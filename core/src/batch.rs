@@ -362,7 +362,7 @@ impl Tensor {
                 bytes.len()
             ));
         }
-        if (bytes.as_ptr() as usize) % dtype.size() != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(dtype.size()) {
             return Err("buffer is not aligned for the dtype".into());
         }
         Ok(Tensor {

@@ -151,8 +151,11 @@ def _torch() -> Any:
 
 
 def vision(path: Optional[PathLike] = None, **options: Any) -> Loader:
-    """The vision pipeline: an ImageFolder tree or WebDataset shards (``None``:
-    the embedded default dataset). Options: the flags of ``ferrofeed
+    """The vision pipeline: an ImageFolder tree or WebDataset shards, a local
+    path or a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, read
+    through the local cache: ``remote_cache``, ``remote_cache_size``,
+    ``prefetch``, ``download_workers``); ``None``: the embedded default
+    dataset. Options: the flags of ``ferrofeed
     vision`` (``batch_size``, ``transform``, ``size``, ``resize``, ``seed``,
     ``shuffle``, ``workers``, ``max_bytes_in_flight``, ``on_error``, ``rank``,
     ``world_size``, ``drop_last``, ``cache_bytes``, …; ``epochs`` is the
@@ -164,16 +167,16 @@ def vision(path: Optional[PathLike] = None, **options: Any) -> Loader:
 
 
 def text(path: Optional[PathLike] = None, **options: Any) -> Loader:
-    """The text pipeline: a ``.txt``/``.jsonl`` file or folder (``None``: the
-    embedded corpus). Options: the flags of ``ferrofeed text``
+    """The text pipeline: a ``.txt``/``.jsonl`` file or folder, or a URL
+    prefix holding such objects (``None``: the embedded corpus). Options: the flags of ``ferrofeed text``
     (``batch_size``, ``max_tokens``, ``max_length``, ``tokenizer``, ``pack``,
     ``field``, …) plus ``output`` and ``device``."""
     return Loader("text", path, **options)
 
 
 def audio(path: Optional[PathLike] = None, **options: Any) -> Loader:
-    """The audio pipeline: a folder of audio files (``None``: the embedded
-    dataset). Options: the flags of ``ferrofeed audio`` (``batch_size``,
+    """The audio pipeline: a folder of audio files, or a URL prefix holding
+    them (``None``: the embedded dataset). Options: the flags of ``ferrofeed audio`` (``batch_size``,
     ``sample_rate``, ``chunk_seconds``, ``overlap_seconds``, ``features``,
     ``n_fft``, ``hop``, ``n_mels``, …) plus ``output`` and ``device``."""
     return Loader("audio", path, **options)

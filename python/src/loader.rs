@@ -631,6 +631,9 @@ fn drive(
 ) {
     let p = &job.pipeline;
     p.reset_metrics();
+    // A loader may always be iterated again: remote data reads ahead into
+    // the next epoch.
+    (job.epoch_start)(p, epoch, true);
     let mut it = match &resume {
         Some(s) => match p.resume(s) {
             Ok(it) => it,
@@ -652,7 +655,7 @@ fn drive(
     while let Some(item) = it.next() {
         let msg = match item {
             Ok(b) => Msg::Batch(Box::new(b), Box::new(it.state())),
-            Err(e) => Msg::Error(Box::new(e), Box::new(it.state())),
+            Err(e) => Msg::Error(Box::new(job.shown_error(e)), Box::new(it.state())),
         };
         if tx.send(msg).is_err() {
             return;

@@ -191,7 +191,12 @@ fn kind(f: FeaturesArg) -> FeatureKind {
     }
 }
 
-fn open(path: &Option<PathBuf>, o: &AudioOpts, quiet: bool) -> Result<AudioFiles, CliError> {
+fn open(
+    path: &Option<PathBuf>,
+    o: &AudioOpts,
+    quiet: bool,
+    r: &super::remote::RemoteArgs,
+) -> Result<(AudioFiles, Option<super::remote::Localized>), CliError> {
     let dir = match path {
         Some(p) => p.clone(),
         None => default_dataset(quiet)?,
@@ -208,7 +213,16 @@ fn open(path: &Option<PathBuf>, o: &AudioOpts, quiet: bool) -> Result<AudioFiles
             },
         },
     };
-    AudioFiles::scan(&dir, opts).map_err(|e| CliError::Usage(e.to_string()))
+    if super::remote::is_url(&dir) {
+        let local =
+            super::remote::localize(&dir, r, ferrofeed_audio::AUDIO_EXTENSIONS, "audio objects")?;
+        let files = AudioFiles::from_files(local.view.paths().to_vec(), opts)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        return Ok((files, Some(local)));
+    }
+    AudioFiles::scan(&dir, opts)
+        .map(|f| (f, None))
+        .map_err(|e| CliError::Usage(e.to_string()))
 }
 
 /// The augmentation the flags ask for, or `None` when they ask for none.
@@ -307,7 +321,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
-    let files = open(&a.path, &a.audio, c.quiet)?;
+    let (files, local) = open(&a.path, &a.audio, c.quiet, &c.remote)?;
     let paths = files.files().to_vec();
     let read = files.samples_read();
     let opts = StageOptions::new().workers(c.workers);
@@ -360,11 +374,19 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     let mut job = Job::new("audio", pipeline, a.common.clone(), index, resources);
     job.extra = Box::new(extra);
     job.index_of_batch = Some(Box::new(of_batch));
+    if let Some(l) = local {
+        l.attach(&mut job);
+    }
     Ok(job)
 }
 
 pub fn inspect(a: super::InspectArgs<AudioOpts>) -> Result<(), CliError> {
-    let files = open(&a.path, &a.opts, false)?;
+    let (files, _local) = open(
+        &a.path,
+        &a.opts,
+        false,
+        &super::remote::RemoteArgs::defaults(),
+    )?;
     let stages = (stage(&a.opts)?, augment(&a.opts)?);
     let pipeline = with_stages(
         files,

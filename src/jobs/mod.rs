@@ -6,6 +6,7 @@
 //! ferrofeed vision DIR --epochs 2 --report-json run.json --dump out/
 //! ```
 mod audio;
+mod remote;
 mod report;
 mod run;
 mod text;
@@ -215,6 +216,8 @@ pub struct CommonArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub remote: remote::RemoteArgs,
 }
 
 impl CommonArgs {

@@ -58,8 +58,17 @@ pub fn mib(b: u64) -> String {
 }
 
 pub fn print_table(r: &Report) {
+    // What a remote run cost in egress, on the summary line.
+    let remote = r.extra.get("remote").map_or(String::new(), |m| {
+        let mb = |k: &str| m.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as f64 / 1e6;
+        format!(
+            "; {:.1} MB downloaded, {:.1} MB from the local cache",
+            mb("bytes_downloaded"),
+            mb("bytes_from_cache")
+        )
+    });
     println!(
-        "ferrofeed {}: {} samples in {} batches, {:.2} s — {:.1} samples/s",
+        "ferrofeed {}: {} samples in {} batches, {:.2} s — {:.1} samples/s{remote}",
         r.domain, r.samples, r.batches, r.seconds, r.samples_per_s
     );
     println!(

@@ -129,7 +129,7 @@ fn rate_text(samples: u64, seconds: f64, domain: &str) -> String {
         let digits = n.to_string();
         let mut grouped = String::new();
         for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
                 grouped.push(',');
             }
             grouped.push(c);
@@ -199,7 +199,20 @@ pub struct Job {
     pub extra: Box<dyn Fn(f64) -> BTreeMap<String, serde_json::Value> + Send + Sync>,
     /// For the HTML report: a sample as it leaves each stage, `(stage, PNG)`.
     pub images: Option<Box<StageImagesFn>>,
+    /// Called before each epoch runs, with whether another epoch follows
+    /// (remote data starts its read-ahead there).
+    pub epoch_start: Box<EpochStartFn>,
+    /// A remote dataset's downloads, for the report.
+    pub remote: Option<Arc<ferrofeed_stages::remote::Remote>>,
+    /// Rewrites a local path into what the user gave (a remote dataset read
+    /// through local links shows its object URLs).
+    pub show_path: Option<Arc<ShowPathFn>>,
 }
+
+/// [`Job::epoch_start`].
+pub type EpochStartFn = dyn Fn(&Pipeline, u64, bool) + Send + Sync;
+/// [`Job::show_path`].
+pub type ShowPathFn = dyn Fn(&str) -> String + Send + Sync;
 
 impl Job {
     /// A job with no per-epoch hook and no extra figures.
@@ -220,7 +233,34 @@ impl Job {
             epoch_end: Box::new(|_| {}),
             extra: Box::new(|_| BTreeMap::new()),
             images: None,
+            epoch_start: Box::new(|_, _, _| {}),
+            remote: None,
+            show_path: None,
         }
+    }
+
+    /// `path` as the user should see it (see [`Job::show_path`]).
+    pub fn show(&self, path: &str) -> String {
+        match &self.show_path {
+            Some(f) => f(path),
+            None => path.to_string(),
+        }
+    }
+
+    /// `e` with its path shown as the user gave it.
+    pub fn shown_error(&self, mut e: SampleError) -> SampleError {
+        e.path = e.path.map(|p| self.show(&p));
+        e
+    }
+
+    /// The dataset's index with paths as the user gave them.
+    pub fn shown_index(&self, mut entries: Vec<IndexEntry>) -> Vec<IndexEntry> {
+        if self.show_path.is_some() {
+            for e in &mut entries {
+                e.path = self.show(&e.path);
+            }
+        }
+        entries
     }
 
     /// The HTML report page of a run's report.
@@ -283,7 +323,7 @@ impl Job {
                 .iter()
                 .map(|e| SkippedEntry {
                     index: e.index,
-                    path: e.path.clone(),
+                    path: e.path.as_deref().map(|p| self.show(p)),
                     stage: e.stage.clone(),
                     error: e.kind.to_string(),
                 })
@@ -304,7 +344,13 @@ impl Job {
             bottleneck: p.bottleneck(),
             timeline: p.timeline(),
             epochs: run.epochs,
-            extra: (self.extra)(run.seconds),
+            extra: {
+                let mut m = (self.extra)(run.seconds);
+                if let Some(r) = &self.remote {
+                    m.insert("remote".to_string(), super::remote::figures(&r.stats()));
+                }
+                m
+            },
         }
     }
 }
@@ -327,7 +373,7 @@ pub fn run(job: &Job) -> Result<(), CliError> {
     if let Some(dir) = &c.dump {
         std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
         if job.index_of_batch.is_none() {
-            write_index(dir, &(job.index)()?)?;
+            write_index(dir, &job.shown_index((job.index)()?))?;
         }
     }
     // Delivered samples by index, when the index is made from the batches.
@@ -378,6 +424,7 @@ pub fn run(job: &Job) -> Result<(), CliError> {
         .unwrap_or_else(|| p.epoch_state_start(first_epoch));
     'epochs: for e in first_epoch..c.epochs {
         let epoch_start = Instant::now();
+        (job.epoch_start)(p, e, e + 1 < c.epochs);
         let mut it = match (&resume, e == first_epoch) {
             (Some(state), true) => p
                 .resume(state)
@@ -392,7 +439,7 @@ pub fn run(job: &Job) -> Result<(), CliError> {
                     if let Some(pb) = &bar {
                         pb.abandon();
                     }
-                    return Err(CliError::Sample(err));
+                    return Err(CliError::Sample(job.shown_error(err)));
                 }
             };
             samples += batch.len() as u64;
@@ -444,7 +491,7 @@ pub fn run(job: &Job) -> Result<(), CliError> {
     drop(signals);
     let seconds = start.elapsed().as_secs_f64();
     if let (Some(dir), Some(_)) = (&c.dump, &job.index_of_batch) {
-        write_index(dir, &delivered.into_values().collect::<Vec<_>>())?;
+        write_index(dir, &job.shown_index(delivered.into_values().collect()))?;
     }
     if let Some(path) = &c.save_state {
         std::fs::write(path, last_state.to_json()).map_err(CliError::io(path))?;

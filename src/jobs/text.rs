@@ -76,7 +76,12 @@ fn default_corpus() -> Result<PathBuf, CliError> {
     Ok(path)
 }
 
-fn open(path: &Option<PathBuf>, o: &TextOpts, cpus: usize) -> Result<TextCorpus, CliError> {
+fn open(
+    path: &Option<PathBuf>,
+    o: &TextOpts,
+    cpus: usize,
+    r: &super::remote::RemoteArgs,
+) -> Result<(TextCorpus, Option<super::remote::Localized>), CliError> {
     let path = match path {
         Some(p) => p.clone(),
         None => default_corpus()?,
@@ -96,11 +101,25 @@ fn open(path: &Option<PathBuf>, o: &TextOpts, cpus: usize) -> Result<TextCorpus,
         index_threads: cpus,
         ..CorpusOptions::default()
     };
+    if super::remote::is_url(&path) {
+        let local = super::remote::localize(
+            &path,
+            r,
+            ferrofeed_text::TEXT_EXTENSIONS,
+            ".txt or .jsonl objects",
+        )?;
+        let corpus = TextCorpus::from_files(local.view.paths(), &opts)
+            .map_err(|e| CliError::Usage(local.view.to_url(&e.to_string())))?;
+        if corpus.is_empty() {
+            return Err(CliError::Usage(format!("{}: no samples", path.display())));
+        }
+        return Ok((corpus, Some(local)));
+    }
     let corpus = TextCorpus::open(&path, &opts).map_err(|e| CliError::Usage(e.to_string()))?;
     if corpus.is_empty() {
         return Err(CliError::Usage(format!("{}: no samples", path.display())));
     }
-    Ok(corpus)
+    Ok((corpus, None))
 }
 
 fn tokenizer(o: &TextOpts) -> Result<TextTokenizer, CliError> {
@@ -132,7 +151,8 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
-    let corpus = Arc::new(open(&a.path, o, cpus)?);
+    let (corpus, local) = open(&a.path, o, cpus, &c.remote)?;
+    let corpus = Arc::new(corpus);
     let t0 = Instant::now();
     let cache = TokenCache::build(
         &corpus,
@@ -257,13 +277,16 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
     let mut job = Job::new("text", pipeline, a.common.clone(), index, resources);
     job.epoch_end = Box::new(epoch_end);
     job.extra = Box::new(extra);
+    if let Some(l) = local {
+        l.attach(&mut job);
+    }
     Ok(job)
 }
 
 pub fn inspect(a: super::InspectArgs<TextOpts>) -> Result<(), CliError> {
     let o = &a.opts;
     let tok = tokenizer(o)?;
-    let corpus = open(&a.path, o, 1)?;
+    let (corpus, _local) = open(&a.path, o, 1, &super::remote::RemoteArgs::defaults())?;
     let collate = if o.pack {
         None
     } else {

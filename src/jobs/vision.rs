@@ -15,6 +15,9 @@ use ferrofeed_vision::ImageCache;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
 use serde_json::json;
 
+use ferrofeed_stages::remote::{Download, Remote, RemoteFiles, View};
+
+use super::remote::{self, RemoteArgs};
 use super::run::{run as run_epochs, CliError, IndexEntry, Job};
 use super::{CommonArgs, PinArg};
 
@@ -140,9 +143,96 @@ fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
 enum Dataset {
     Folder(ImageFolder),
     Shards(Arc<TarShards>),
+    /// An ImageFolder tree under a URL, downloaded as the epoch reads it.
+    Remote(RemoteFiles),
 }
 
-fn open_dataset(path: &Path) -> Result<Dataset, CliError> {
+/// A dataset and, when it is remote, its downloads and the local links its
+/// shards are read through.
+struct Opened {
+    ds: Dataset,
+    remote: Option<Arc<Remote>>,
+    view: Option<Arc<View>>,
+}
+
+fn open_dataset(path: &Path, r: &RemoteArgs) -> Result<Opened, CliError> {
+    if remote::is_url(path) {
+        return open_remote(path, r);
+    }
+    Ok(Opened {
+        ds: open_local(path)?,
+        remote: None,
+        view: None,
+    })
+}
+
+/// WebDataset shards (every `.tar` object) are downloaded in parallel and
+/// indexed; otherwise the URL is an ImageFolder tree, `<class>/<file>`
+/// under the prefix, read object by object.
+fn open_remote(path: &Path, r: &RemoteArgs) -> Result<Opened, CliError> {
+    let remote = remote::open(path, r)?;
+    let url = remote.url().text.clone();
+    let tars = remote::with_extension(&remote, &["tar"]);
+    if !tars.is_empty() {
+        let view = remote::materialize(&remote, &tars, "shards")?;
+        let names = tars
+            .iter()
+            .map(|&i| remote.objects()[i].url.clone())
+            .collect();
+        let t = TarShards::open(view.paths(), IMAGE_EXTENSIONS)
+            .map_err(|e| CliError::Usage(view.to_url(&e.to_string())))?
+            .with_names(names);
+        if t.is_empty() {
+            return Err(CliError::Usage(format!(
+                "{url}: the shards hold no samples"
+            )));
+        }
+        return Ok(Opened {
+            ds: Dataset::Shards(Arc::new(t)),
+            remote: Some(remote),
+            view: Some(view),
+        });
+    }
+    let mut by_class: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, o) in remote.objects().iter().enumerate() {
+        let rel = remote.relative_key(&o.key);
+        let Some((class, _)) = rel.split_once('/') else {
+            continue;
+        };
+        let ok = rel
+            .rsplit_once('.')
+            .is_some_and(|(_, x)| IMAGE_EXTENSIONS.iter().any(|e| e.eq_ignore_ascii_case(x)));
+        if !class.starts_with('.') {
+            let files = by_class.entry(class.to_string()).or_default();
+            if ok {
+                files.push(i);
+            }
+        }
+    }
+    if by_class.is_empty() {
+        return Err(CliError::Usage(format!(
+            "{url}: no class folders (expected <class>/<file> under the prefix, or .tar shards)"
+        )));
+    }
+    let items: Vec<(usize, i64)> = by_class
+        .values()
+        .enumerate()
+        .flat_map(|(label, files)| files.iter().map(move |&i| (i, label as i64)))
+        .collect();
+    if items.is_empty() {
+        return Err(CliError::Usage(format!(
+            "{url}: no files with extension {} under the class folders",
+            IMAGE_EXTENSIONS.join("/")
+        )));
+    }
+    Ok(Opened {
+        ds: Dataset::Remote(RemoteFiles::new(Arc::clone(&remote), items)),
+        remote: Some(remote),
+        view: None,
+    })
+}
+
+fn open_local(path: &Path) -> Result<Dataset, CliError> {
     if path.is_file() && path.extension().is_some_and(|e| e == "tar") {
         let shards = vec![path.to_path_buf()];
         let t = TarShards::open(&shards, IMAGE_EXTENSIONS)
@@ -236,6 +326,15 @@ fn builder_for(ds: &Dataset, stage: DecodeTransform, workers: Parallelism) -> Pi
             .stage_with("read", opts, ReadFile::default())
             .stage_with("decode", opts, stage),
         Dataset::Shards(t) => Pipeline::builder(Arc::clone(t)).stage_with("decode", opts, stage),
+        Dataset::Remote(f) => Pipeline::builder(f.clone())
+            .stage_with(
+                "download",
+                opts,
+                Download {
+                    remote: Arc::clone(f.remote()),
+                },
+            )
+            .stage_with("decode", opts, stage),
     }
 }
 
@@ -260,6 +359,14 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
                 chunk_start: None,
             })
             .collect(),
+        Dataset::Remote(f) => (0..f.len())
+            .map(|i| IndexEntry {
+                index: i,
+                path: f.key(i).unwrap_or_default(),
+                label: f.get(i).ok().map(|(_, l)| l.0),
+                chunk_start: None,
+            })
+            .collect(),
     })
 }
 
@@ -273,7 +380,8 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         Some(p) => p.clone(),
         None => default_dataset(a.common.quiet)?,
     };
-    let ds = open_dataset(&path)?;
+    let opened = open_dataset(&path, &a.common.remote)?;
+    let ds = opened.ds.clone();
     let transform = transform_of(&a.vision, TransformArg::Train)?;
     let mut stage = DecodeTransform {
         transform,
@@ -339,7 +447,32 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     let mut job = Job::new("vision", pipeline, a.common.clone(), index, resources);
     job.extra = Box::new(extra);
     job.images = Some(Box::new(move || stage_images(&ds_images, strip)));
+    attach_remote(&mut job, opened);
     Ok(job)
+}
+
+/// Read-ahead in each epoch's order for a remote tree; the report's
+/// `remote` figures; the shards' local links kept for the job's life.
+fn attach_remote(job: &mut Job, opened: Opened) {
+    if let Dataset::Remote(files) = &opened.ds {
+        let files = files.clone();
+        job.epoch_start = Box::new(move |p, e, more| {
+            let order = |e| {
+                p.plan(e)
+                    .and_then(Result::ok)
+                    .map(|plan| files.objects_in(&plan.indices))
+            };
+            if let Some(now) = order(e) {
+                files
+                    .remote()
+                    .schedule(now, if more { order(e + 1) } else { None });
+            }
+        });
+    }
+    job.remote = opened.remote;
+    if let Some(view) = opened.view {
+        job.show_path = Some(Arc::new(move |p: &str| view.to_url(p)));
+    }
 }
 
 /// The first four samples as they leave each stage that makes an image,
@@ -388,7 +521,8 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
         Some(p) => p.clone(),
         None => default_dataset(false)?,
     };
-    let ds = open_dataset(&path)?;
+    let opened = open_dataset(&path, &RemoteArgs::defaults())?;
+    let ds = opened.ds.clone();
     let transform = transform_of(&a.vision, TransformArg::Eval)?;
     let stage = DecodeTransform {
         transform,

@@ -17,6 +17,8 @@
 mod components;
 pub mod device;
 mod readers;
+#[cfg(feature = "remote")]
+pub mod remote;
 
 pub use components::{Bytes, FilePath, Label};
 pub use readers::files::{Files, LabeledFiles, ReadFile};

@@ -187,7 +187,7 @@ impl FeatureExtractor {
     /// Plans the FFT and builds the filterbank.
     pub fn new(cfg: FeatureConfig) -> Result<Self, AudioError> {
         let bad = |m: String| Err(AudioError::Config(m));
-        if cfg.n_fft < 2 || cfg.n_fft % 2 != 0 {
+        if cfg.n_fft < 2 || !cfg.n_fft.is_multiple_of(2) {
             return bad(format!(
                 "n_fft must be even and at least 2, not {}",
                 cfg.n_fft

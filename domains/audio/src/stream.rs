@@ -486,13 +486,7 @@ impl AudioFiles {
     /// Every audio file under `dir` (recursively, in path order), or `dir`
     /// itself when it is a file.
     pub fn scan(dir: &Path, opts: StreamOptions) -> Result<AudioFiles, AudioError> {
-        ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
-        if opts.sample_rate == 0 || opts.sample_rate > crate::decode::MAX_SAMPLE_RATE {
-            return Err(AudioError::Config(format!(
-                "--sample-rate {} is outside 1 Hz–768 kHz",
-                opts.sample_rate
-            )));
-        }
+        Self::check(&opts)?;
         let mut files = Vec::new();
         if dir.is_file() {
             files.push(dir.to_path_buf());
@@ -516,6 +510,23 @@ impl AudioFiles {
                 message: format!("no audio files ({})", AUDIO_EXTENSIONS.join(", ")),
             });
         }
+        Self::from_files(files, opts)
+    }
+
+    fn check(opts: &StreamOptions) -> Result<(), AudioError> {
+        ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
+        if opts.sample_rate == 0 || opts.sample_rate > crate::decode::MAX_SAMPLE_RATE {
+            return Err(AudioError::Config(format!(
+                "--sample-rate {} is outside 1 Hz–768 kHz",
+                opts.sample_rate
+            )));
+        }
+        Ok(())
+    }
+
+    /// Exactly `files`, in this order (each one a shard).
+    pub fn from_files(files: Vec<PathBuf>, opts: StreamOptions) -> Result<AudioFiles, AudioError> {
+        Self::check(&opts)?;
         Ok(AudioFiles {
             lens: files.iter().map(|_| std::sync::OnceLock::new()).collect(),
             files,

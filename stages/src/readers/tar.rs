@@ -67,6 +67,8 @@ pub struct TarShards {
     shards: Vec<(PathBuf, Arc<memmap2::Mmap>)>,
     samples: Vec<TarSample>,
     data_exts: Vec<String>,
+    /// How each shard is named in keys (its path unless renamed).
+    names: Vec<String>,
 }
 
 impl TarShards {
@@ -148,10 +150,23 @@ impl TarShards {
             shards.push((path.clone(), map));
         }
         Ok(TarShards {
+            names: shards
+                .iter()
+                .map(|(p, _)| p.display().to_string())
+                .collect(),
             shards,
             samples,
             data_exts: data_exts.iter().map(|s| s.to_string()).collect(),
         })
+    }
+
+    /// Names the shards in keys by `names` (e.g. the URLs local copies came
+    /// from) instead of their paths; a missing name keeps the path.
+    pub fn with_names(mut self, names: Vec<String>) -> TarShards {
+        for (slot, name) in self.names.iter_mut().zip(names) {
+            *slot = name;
+        }
+        self
     }
 
     /// Number of shards.
@@ -201,11 +216,7 @@ impl Source for TarShards {
     }
     fn key(&self, index: u64) -> Option<String> {
         let s = self.samples.get(index as usize)?;
-        Some(format!(
-            "{}#{}",
-            self.shards[s.shard as usize].0.display(),
-            s.key
-        ))
+        Some(format!("{}#{}", self.names[s.shard as usize], s.key))
     }
 }
 

@@ -1,0 +1,330 @@
+//! The map-style source over listed objects and the stage that downloads
+//! them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use ferrofeed_core::Source;
+//! use ferrofeed_stages::remote::{ObjectKey, Remote, RemoteFiles, RemoteOptions, RemoteUrl};
+//! use object_store::{memory::InMemory, ObjectStoreExt, path::Path};
+//! let store = Arc::new(InMemory::new());
+//! let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! rt.block_on(store.put(&Path::from("train/cat/a.jpg"), b"JPEG".to_vec().into())).unwrap();
+//! let dir = tempfile::tempdir().unwrap();
+//! let url = RemoteUrl::parse("s3://bucket/train").unwrap();
+//! let remote = Arc::new(Remote::with_store(url, store, RemoteOptions::new(dir.path().into())).unwrap());
+//! let files = RemoteFiles::new(Arc::clone(&remote), vec![(0, 3)]);
+//! assert_eq!(files.key(0).as_deref(), Some("s3://bucket/train/cat/a.jpg"));
+//! let (key, label) = files.get(0).unwrap();
+//! assert_eq!((key, label.0), (ObjectKey(0), 3));
+//! assert_eq!(&remote.read(0).unwrap()[..], b"JPEG");
+//! ```
+use std::sync::Arc;
+
+use ferrofeed_core::{BoxError, Component, Source, Stage, StageCtx};
+
+use super::fetch::Remote;
+use crate::components::{Bytes, Label};
+
+/// Which listed object a sample is (its index in [`Remote::objects`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectKey(pub usize);
+
+impl Component for ObjectKey {
+    fn nbytes(&self) -> usize {
+        8
+    }
+    fn describe(&self) -> String {
+        format!("object {}", self.0)
+    }
+}
+
+/// A map-style source of `(ObjectKey, Label)`; keys are the objects' URLs.
+#[derive(Debug, Clone)]
+pub struct RemoteFiles {
+    remote: Arc<Remote>,
+    items: Vec<(usize, i64)>,
+}
+
+impl RemoteFiles {
+    /// Samples are `(object index, label)` pairs in order.
+    pub fn new(remote: Arc<Remote>, items: Vec<(usize, i64)>) -> Self {
+        RemoteFiles { remote, items }
+    }
+    /// The listed prefix.
+    pub fn remote(&self) -> &Arc<Remote> {
+        &self.remote
+    }
+    /// The pairs.
+    pub fn items(&self) -> &[(usize, i64)] {
+        &self.items
+    }
+    /// The epoch's object order for a plan's dataset indices.
+    pub fn objects_in(&self, indices: &[u64]) -> Vec<usize> {
+        indices
+            .iter()
+            .filter_map(|&i| self.items.get(i as usize).map(|x| x.0))
+            .collect()
+    }
+}
+
+impl Source for RemoteFiles {
+    type Output = (ObjectKey, Label);
+    fn len(&self) -> u64 {
+        self.items.len() as u64
+    }
+    fn get(&self, index: u64) -> Result<(ObjectKey, Label), BoxError> {
+        let &(o, l) = self
+            .items
+            .get(index as usize)
+            .ok_or_else(|| format!("index {index} is past the end"))?;
+        Ok((ObjectKey(o), Label(l)))
+    }
+    fn key(&self, index: u64) -> Option<String> {
+        let &(o, _) = self.items.get(index as usize)?;
+        self.remote.objects().get(o).map(|x| x.url.clone())
+    }
+}
+
+/// Reads an object's bytes, from the cache or downloaded
+/// (`ObjectKey → Bytes`).
+#[derive(Debug, Clone)]
+pub struct Download {
+    /// The listed prefix.
+    pub remote: Arc<Remote>,
+}
+
+impl Stage for Download {
+    type In = ObjectKey;
+    type Out = Bytes;
+    fn process(&self, key: ObjectKey, _ctx: &StageCtx) -> Result<Bytes, BoxError> {
+        self.remote.read(key.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Range;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use futures::stream::BoxStream;
+    use object_store::memory::InMemory;
+    use object_store::path::Path;
+    use object_store::{
+        CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload,
+        ObjectMeta, ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload,
+        PutResult, Result,
+    };
+
+    use super::*;
+    use crate::remote::{RemoteError, RemoteOptions, RemoteUrl};
+
+    /// An in-memory store whose first `cut` GETs send half the body and
+    /// then fail, and whose GETs fail outright while `down` is set.
+    #[derive(Debug)]
+    struct Flaky {
+        inner: InMemory,
+        cut: AtomicUsize,
+        gets: AtomicUsize,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl std::fmt::Display for Flaky {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Flaky")
+        }
+    }
+
+    #[async_trait]
+    impl ObjectStore for Flaky {
+        async fn put_opts(&self, l: &Path, p: PutPayload, o: PutOptions) -> Result<PutResult> {
+            self.inner.put_opts(l, p, o).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            l: &Path,
+            o: PutMultipartOptions,
+        ) -> Result<Box<dyn MultipartUpload>> {
+            self.inner.put_multipart_opts(l, o).await
+        }
+        async fn get_opts(&self, l: &Path, o: GetOptions) -> Result<GetResult> {
+            self.gets.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                return Err(object_store::Error::Generic {
+                    store: "flaky",
+                    source: "connection refused".into(),
+                });
+            }
+            let mut r = self.inner.get_opts(l, o).await?;
+            if self
+                .cut
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+                .is_ok()
+            {
+                let GetResultPayload::Stream(s) = r.payload;
+                let all: Vec<u8> = futures::StreamExt::collect::<Vec<_>>(s)
+                    .await
+                    .into_iter()
+                    .flat_map(|b| b.unwrap().to_vec())
+                    .collect();
+                let half = bytes::Bytes::from(all[..all.len() / 2].to_vec());
+                let parts: Vec<Result<bytes::Bytes>> = vec![
+                    Ok(half),
+                    Err(object_store::Error::Generic {
+                        store: "flaky",
+                        source: "connection reset mid-body".into(),
+                    }),
+                ];
+                r.payload = GetResultPayload::Stream(Box::pin(futures::stream::iter(parts)));
+            }
+            Ok(r)
+        }
+        async fn get_ranges(&self, l: &Path, r: &[Range<u64>]) -> Result<Vec<bytes::Bytes>> {
+            self.inner.get_ranges(l, r).await
+        }
+        fn delete_stream(
+            &self,
+            l: BoxStream<'static, Result<Path>>,
+        ) -> BoxStream<'static, Result<Path>> {
+            self.inner.delete_stream(l)
+        }
+        fn list(&self, p: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+            self.inner.list(p)
+        }
+        async fn list_with_delimiter(&self, p: Option<&Path>) -> Result<ListResult> {
+            self.inner.list_with_delimiter(p).await
+        }
+        async fn copy_opts(&self, f: &Path, t: &Path, o: CopyOptions) -> Result<()> {
+            self.inner.copy_opts(f, t, o).await
+        }
+    }
+
+    fn flaky(n: usize, cut: usize) -> Arc<Flaky> {
+        let s = Arc::new(Flaky {
+            inner: InMemory::new(),
+            cut: AtomicUsize::new(cut),
+            gets: AtomicUsize::new(0),
+            down: false.into(),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for i in 0..n {
+            let body: Vec<u8> = (0..1000 + i).map(|b| (b * 7 + i) as u8).collect();
+            rt.block_on(s.put(
+                &Path::from(format!("d/c{}/f{i:03}.bin", i % 2)),
+                body.into(),
+            ))
+            .unwrap();
+        }
+        s
+    }
+
+    fn opts(dir: &std::path::Path) -> RemoteOptions {
+        RemoteOptions {
+            backoff: Duration::from_millis(1),
+            ..RemoteOptions::new(dir.into())
+        }
+    }
+
+    fn expected(i: usize) -> Vec<u8> {
+        (0..1000 + i).map(|b| (b * 7 + i) as u8).collect()
+    }
+
+    #[test]
+    fn cut_bodies_are_retried_and_nothing_is_lost_or_doubled() {
+        let store = flaky(12, 5);
+        let dir = tempfile::tempdir().unwrap();
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        assert_eq!(r.objects().len(), 12);
+        // Listed in folder-walk order: c0's files, then c1's.
+        assert!(
+            r.objects()[0].key.starts_with("d/c0/") && r.objects()[11].key.starts_with("d/c1/")
+        );
+        for (i, o) in r.objects().iter().enumerate() {
+            let n: usize = o.key[6..9].parse().unwrap();
+            assert_eq!(&r.read(i).unwrap()[..], &expected(n)[..], "{}", o.url);
+        }
+        let s = r.stats();
+        assert_eq!(s.retries, 5);
+        let total: u64 = r.total_bytes();
+        assert!(s.bytes_downloaded > total, "partial bodies count as egress");
+        // A second pass is served from the cache: no new request.
+        let gets = store.gets.load(Ordering::SeqCst);
+        for i in 0..12 {
+            r.read(i).unwrap();
+        }
+        assert_eq!(store.gets.load(Ordering::SeqCst), gets);
+        // A new process (a new Remote over the same folder) downloads nothing.
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        let again = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        for i in 0..12 {
+            again.read(i).unwrap();
+        }
+        assert_eq!(store.gets.load(Ordering::SeqCst), gets);
+        assert_eq!(again.stats().bytes_downloaded, 0);
+        assert_eq!(again.stats().bytes_from_cache, total);
+    }
+
+    #[test]
+    fn a_dead_store_is_an_error_naming_the_url_after_the_retries() {
+        let store = flaky(2, 0);
+        store.down.store(true, Ordering::SeqCst);
+        let dir = tempfile::tempdir().unwrap();
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        let e = r.read(0).unwrap_err().to_string();
+        assert!(
+            e.contains("s3://b/d/c0/f000.bin") && e.contains("after 6 attempt"),
+            "{e}"
+        );
+        assert_eq!(store.gets.load(Ordering::SeqCst), 6);
+        assert_eq!(r.stats().retries, 5);
+    }
+
+    #[test]
+    fn an_empty_prefix_is_refused() {
+        let store = flaky(2, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let url = RemoteUrl::parse("s3://b/nothing-here").unwrap();
+        let e = Remote::with_store(url, store, opts(dir.path())).unwrap_err();
+        assert!(matches!(e, RemoteError::Empty { .. }), "{e}");
+        assert!(e.to_string().contains("s3://b/nothing-here"));
+    }
+
+    #[test]
+    fn read_ahead_fills_the_cache_in_epoch_order_and_the_view_links_files() {
+        let store = flaky(40, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        let order: Vec<usize> = (0..40).rev().collect();
+        r.schedule(order, None);
+        let t = std::time::Instant::now();
+        while store.gets.load(Ordering::SeqCst) < 40 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The queue runs ahead of the consumer by at most `ahead` objects
+        // (here: all 40, the cache has no cap).
+        assert_eq!(store.gets.load(Ordering::SeqCst), 40);
+        assert_eq!(r.stats().bytes_downloaded, r.total_bytes());
+        let view = r.materialize(&[0, 39]).unwrap();
+        assert_eq!(
+            store.gets.load(Ordering::SeqCst),
+            40,
+            "served from the cache"
+        );
+        assert!(view.paths()[0].ends_with("c0/f000.bin"));
+        assert_eq!(std::fs::read(&view.paths()[1]).unwrap(), expected(39));
+        let shown = view.to_url(&view.paths()[1].display().to_string());
+        assert_eq!(shown, "s3://b/d/c1/f039.bin");
+        let again = r.materialize(&[0, 39]).unwrap();
+        assert_eq!(
+            again.paths(),
+            view.paths(),
+            "one view per URL, the same every run"
+        );
+    }
+}
