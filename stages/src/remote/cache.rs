@@ -33,7 +33,8 @@ pub struct ObjectCache {
     bytes: AtomicU64,
 }
 
-fn fnv(seed: u64, parts: &[&[u8]]) -> u64 {
+/// FNV-1a over `parts` (each followed by a separator), from `seed`.
+pub(crate) fn fnv(seed: u64, parts: &[&[u8]]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
     for p in parts {
         for b in p.iter().chain(&[0xff]) {

@@ -428,11 +428,8 @@ impl Remote {
     /// URL, the same every run, so that caches keyed by path (the audio
     /// feature cache) find their entries again.
     pub fn view_root(&self) -> PathBuf {
-        let url = &self.inner.url.text;
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for b in url.trim_end_matches('/').bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        let url = self.inner.url.text.trim_end_matches('/');
+        let h = super::cache::fnv(0, &[url.as_bytes()]);
         self.inner
             .cache
             .dir()
@@ -503,12 +500,17 @@ fn list(
     let prefix = (!url.prefix.is_empty()).then(|| ObjectPath::from(url.prefix.as_str()));
     // A plain HTTP server cannot list (WebDAV's PROPFIND): a URL there
     // names one object.
-    if let (Some(p), super::url::Scheme::Http) = (&prefix, url.scheme) {
+    let head_one = |p: &ObjectPath| {
         counters.requests.fetch_add(1, Ordering::Relaxed);
         let head =
             rt.block_on(async { tokio::time::timeout(opts.stall_timeout, store.head(p)).await });
-        if let Ok(Ok(meta)) = head {
-            return Ok(sorted(url, vec![meta]));
+        head.ok()
+            .and_then(Result::ok)
+            .map(|meta| sorted(url, vec![meta]))
+    };
+    if let (Some(p), super::url::Scheme::Http) = (&prefix, url.scheme) {
+        if let Some(one) = head_one(p) {
+            return Ok(one);
         }
     }
     let mut last_err = None;
@@ -543,13 +545,8 @@ fn list(
     }
     // The URL may name one object (or the store may not list, as plain
     // HTTP servers do not).
-    if let Some(p) = &prefix {
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-        let head =
-            rt.block_on(async { tokio::time::timeout(opts.stall_timeout, store.head(p)).await });
-        if let Ok(Ok(meta)) = head {
-            return Ok(sorted(url, vec![meta]));
-        }
+    if let Some(one) = prefix.as_ref().and_then(head_one) {
+        return Ok(one);
     }
     Err(match last_err {
         Some(message) => RemoteError::List {
