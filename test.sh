@@ -19,6 +19,9 @@ fi
 # moto's S3 server (started on loopback by the tests) and boto3 to fill it.
 "$VENV/bin/python" -c "import moto.server, boto3" 2>/dev/null ||
   "$VENV/bin/pip" install -q 'moto[server]' boto3
+# Ray Data for ferrofeed.ray (local and two-node clusters started by the tests).
+"$VENV/bin/python" -c "import ray.data" 2>/dev/null ||
+  "$VENV/bin/pip" install -q 'ray[data]'
 "$VENV/bin/pip" install -q ./python
 # Run from the root so that `import ferrofeed` is the installed package.
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir python python/tests

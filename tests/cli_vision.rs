@@ -711,6 +711,54 @@ fn ranks_split_the_epoch_and_read_the_environment() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("rank 3 is not below the world size 3"));
 }
 
+/// 16 samples on 3 ranks: padded (the default) each rank reads 6 (two
+/// repeated); `--pad-shards false` reads each sample once (6, 5, 5).
+#[test]
+fn unpadded_ranks_read_every_sample_once() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 16, 4);
+    for (pad, want_counts) in [("true", [6, 6, 6]), ("false", [6, 5, 5])] {
+        let mut all = Vec::new();
+        for (rank, want) in want_counts.iter().enumerate() {
+            let out = d.path().join(format!("p{pad}r{rank}"));
+            ok(&[
+                "vision",
+                data.to_str().unwrap(),
+                "--batch-size",
+                "4",
+                "--size",
+                "32",
+                "--quiet",
+                "--rank",
+                &rank.to_string(),
+                "--world-size",
+                "3",
+                "--pad-shards",
+                pad,
+                "--dump",
+                out.to_str().unwrap(),
+            ]);
+            let mut mine = Vec::new();
+            for f in walk(&out)
+                .into_iter()
+                .filter(|p| p.to_str().unwrap().contains("indices_"))
+            {
+                mine.extend(read_npy_i64(&f));
+            }
+            assert_eq!(mine.len(), *want, "rank {rank}, pad {pad}");
+            all.extend(mine);
+        }
+        all.sort_unstable();
+        if pad == "false" {
+            assert_eq!(all, (0..16).collect::<Vec<_>>());
+        } else {
+            all.dedup();
+            assert_eq!(all, (0..16).collect::<Vec<_>>());
+        }
+    }
+}
+
 #[test]
 fn trace_files_load_as_chrome_traces() {
     let d = tempfile::tempdir().unwrap();

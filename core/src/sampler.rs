@@ -82,6 +82,18 @@ pub struct Shard {
     pub rank: usize,
     /// Number of ranks.
     pub world_size: usize,
+    /// Whether ranks are evened out: without `drop_last`, samples (or
+    /// batches) from the start of the epoch are repeated so every rank gets
+    /// as many as the others, as PyTorch's `DistributedSampler` does (the
+    /// default). `false`: each sample goes to exactly one rank, and counts
+    /// may differ by one — for consumers that gather every rank's output,
+    /// such as Ray read tasks.
+    #[serde(default = "padded_by_default")]
+    pub pad: bool,
+}
+
+fn padded_by_default() -> bool {
+    true
 }
 
 /// An impossible shard.
@@ -123,13 +135,22 @@ impl Shard {
         if rank >= world_size {
             return Err(ShardError::RankOutOfRange { rank, world_size });
         }
-        Ok(Shard { rank, world_size })
+        Ok(Shard {
+            rank,
+            world_size,
+            pad: true,
+        })
+    }
+    /// The same rank with padding on or off (see [`pad`](Self::pad)).
+    pub fn padded(self, pad: bool) -> Shard {
+        Shard { pad, ..self }
     }
     /// The only rank of a single-process job.
     pub fn single() -> Shard {
         Shard {
             rank: 0,
             world_size: 1,
+            pad: true,
         }
     }
     /// From `RANK`/`WORLD_SIZE` (torchrun), else `SLURM_PROCID`/`SLURM_NTASKS`,
@@ -158,7 +179,8 @@ impl Shard {
 
     /// This rank's strided slice of a global order. Without `drop_last` the
     /// order is first padded by repeating from its start up to a multiple of
-    /// the world size, so every rank gets the same count; with it, the tail
+    /// the world size, so every rank gets the same count (unless
+    /// [`pad`](Self::pad) is off: then nothing is repeated); with it, the tail
     /// that does not divide evenly is dropped. Returns the slice and how many
     /// of its samples are padding.
     pub fn slice_samples(&self, mut order: Vec<u64>, drop_last: bool) -> (Vec<u64>, usize) {
@@ -169,8 +191,10 @@ impl Shard {
         }
         let total = if drop_last {
             n / w * w
-        } else {
+        } else if self.pad {
             n.div_ceil(w) * w
+        } else {
+            n
         };
         if total <= n {
             order.truncate(total);
@@ -185,7 +209,8 @@ impl Shard {
     }
 
     /// This rank's strided slice of a global list of batches, padded (or
-    /// trimmed with `drop_last`) so every rank gets the same count.
+    /// trimmed with `drop_last`) so every rank gets the same count; with
+    /// [`pad`](Self::pad) off and no `drop_last`, each batch goes to one rank.
     pub fn slice_batches(&self, plan: EpochPlan, drop_last: bool) -> EpochPlan {
         let w = self.world_size;
         if w == 1 {
@@ -194,8 +219,10 @@ impl Shard {
         let nb = plan.num_batches();
         let total = if drop_last {
             nb / w * w
-        } else {
+        } else if self.pad {
             nb.div_ceil(w) * w
+        } else {
+            nb
         };
         let mut batches = Vec::with_capacity(total / w);
         let mut padded = 0;
@@ -644,6 +671,45 @@ mod tests {
             ..s
         };
         assert_eq!(dl.plan(&ctx(10, 0, 2, 3)).unwrap().indices, vec![2, 5]);
+    }
+
+    #[test]
+    fn unpadded_ranks_cover_the_epoch_exactly_once() {
+        let s = FixedBatches {
+            order: Order::Shuffled,
+            batch_size: 2,
+            drop_last: false,
+        };
+        let plans: Vec<EpochPlan> = (0..3)
+            .map(|r| {
+                let mut c = ctx(10, 4, r, 3);
+                c.shard = c.shard.padded(false);
+                s.plan(&c).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            plans.iter().map(|p| p.indices.len()).collect::<Vec<_>>(),
+            vec![4, 3, 3]
+        );
+        assert!(plans.iter().all(|p| p.padded == 0));
+        let mut all: Vec<u64> = plans.iter().flat_map(|p| p.indices.clone()).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        // Batches: 5 batches over 3 ranks go 2, 2, 1 without repeats.
+        let five = EpochPlan::fixed((0..10).collect(), 2, false);
+        let counts: Vec<usize> = (0..3)
+            .map(|r| {
+                Shard::new(r, 3)
+                    .unwrap()
+                    .padded(false)
+                    .slice_batches(five.clone(), false)
+                    .num_batches()
+            })
+            .collect();
+        assert_eq!(counts, vec![2, 2, 1]);
+        // Padded (the default), rank 2 repeats batch 0.
+        let padded = Shard::new(2, 3).unwrap().slice_batches(five, false);
+        assert_eq!((padded.num_batches(), padded.padded), (2, 2));
     }
 
     #[test]

@@ -87,12 +87,24 @@ pub struct PipelineState {
     pub rank: usize,
     /// The world size it was saved under.
     pub world_size: usize,
+    /// Whether ranks were padded to equal counts ([`Shard::pad`](crate::Shard::pad));
+    /// written only when off.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub pad: bool,
     /// Iterable sources: parts short of a batch (a shard group's last) that
     /// were received but not yet delivered, each `[group position, part,
     /// first row]` — they fill the next batch together with the parts that
     /// follow, so resuming reads them again first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub carry: Vec<(u64, u64, u64)>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
 }
 
 /// Why a state cannot be used.
@@ -143,7 +155,7 @@ impl PipelineState {
         fn fmt<T: std::fmt::Debug>(v: &T) -> String {
             format!("{v:?}")
         }
-        let checks: [(&'static str, String, String); 5] = [
+        let checks: [(&'static str, String, String); 6] = [
             ("seed", fmt(&self.seed), fmt(&current.seed)),
             (
                 "dataset_len",
@@ -161,6 +173,7 @@ impl PipelineState {
                 fmt(&current.world_size),
             ),
             ("rank", fmt(&self.rank), fmt(&current.rank)),
+            ("pad_shards", fmt(&self.pad), fmt(&current.pad)),
         ];
         for (field, saved, now) in checks {
             if saved != now {

@@ -209,6 +209,7 @@ fn impossible_shards_are_build_errors() {
         .shard(Shard {
             rank: 2,
             world_size: 2,
+            pad: true,
         })
         .collate(StackCollate::new().column::<i64>("x"))
         .build()
@@ -222,6 +223,7 @@ fn impossible_shards_are_build_errors() {
         .shard(Shard {
             rank: 0,
             world_size: 0,
+            pad: true,
         })
         .collate(StackCollate::new().column::<i64>("x"))
         .build()

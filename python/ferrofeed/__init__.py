@@ -45,6 +45,11 @@ class SampleError(RuntimeError):
         self.path = path
         self.stage = stage
 
+    def __reduce__(self) -> Any:
+        # Keeps index, path and stage when pickled (Ray and multiprocessing
+        # carry errors between processes that way).
+        return (type(self), (str(self), self.index, self.path, self.stage))
+
 
 class Loader:
     """A ferrofeed pipeline for one domain, iterated an epoch at a time.

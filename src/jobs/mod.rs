@@ -194,6 +194,12 @@ pub struct CommonArgs {
     /// Number of ranks (default: $WORLD_SIZE, else $SLURM_NTASKS, else 1).
     #[arg(long)]
     pub world_size: Option<usize>,
+    /// With several ranks, repeat samples from the epoch's start so every
+    /// rank gets as many batches as the others (as PyTorch's
+    /// DistributedSampler); false: each sample is read by exactly one rank
+    /// and counts may differ by one (for consumers that gather all ranks).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub pad_shards: bool,
     /// At exit, write the resumable position (JSON).
     #[arg(long, value_name = "FILE")]
     pub save_state: Option<PathBuf>,
@@ -256,6 +262,7 @@ impl CommonArgs {
             self.rank.unwrap_or(env.rank),
             self.world_size.unwrap_or(env.world_size),
         )
+        .map(|s| s.padded(self.pad_shards))
         .map_err(|e| run::CliError::Usage(format!("--rank/--world-size: {e}")))
     }
 }

@@ -256,6 +256,7 @@ impl Pipeline {
             dataset_shards,
             rank: self.shared.cfg.shard.rank,
             world_size: self.shared.cfg.shard.world_size,
+            pad: self.shared.cfg.shard.pad,
             carry: Vec::new(),
         }
     }
