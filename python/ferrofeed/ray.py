@@ -18,6 +18,10 @@ whatever the number of read tasks; the same seed and epoch give the same
 rows; ``read(..., epoch=e + 1)`` draws a new order. Remote URLs pass through
 unchanged, so each node downloads its own share into its own cache.
 
+A Ray worker process keeps the pipelines of its last two read tasks, so
+the next epoch's task for the same rank in that process starts warm (its
+threads, pools and scan index kept).
+
 Text rows keep their batch's padded length, so rows from different batches
 differ in length: give ``iter_torch_batches`` ``collate_fn=ferrofeed.ray.collate``,
 which pads each column to the longest row of the Ray batch.
@@ -25,9 +29,12 @@ which pads each column to the longest row of the Ray batch.
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import weakref
-from typing import Any, Dict, Iterator, List, Optional
+from collections import OrderedDict
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -39,6 +46,29 @@ __all__ = ["read", "FerrofeedDatasource", "report", "collate", "Collate"]
 _SET_PER_TASK = ("rank", "world_size", "pad_shards")
 # Options about handing batches to a device: a Ray consumer does that.
 _NOT_FOR_RAY = ("output", "pin_memory", "device")
+
+# A Ray worker process keeps the pipelines of the last read tasks it ran,
+# keyed by domain, path and options (rank and world size included): the next
+# epoch's task for the same rank in the same process reuses their threads,
+# pools and scan index instead of starting a pipeline cold.
+_WARM: "OrderedDict[str, Loader]" = OrderedDict()
+_WARM_MAX = 2
+
+
+def _take_loader(domain: str, path: Optional[str], options: Dict[str, Any]) -> Tuple[str, Loader, bool]:
+    key = json.dumps([domain, path, options], sort_keys=True, default=str)
+    loader = _WARM.pop(key, None)
+    if loader is not None:
+        return key, loader, True
+    return key, Loader(domain, path, output="numpy", **options), False
+
+
+def _keep_loader(key: str, loader: Loader) -> None:
+    _WARM[key] = loader
+    while len(_WARM) > _WARM_MAX:
+        _, old = _WARM.popitem(last=False)
+        old.close()
+
 
 _reports: "weakref.WeakKeyDictionary[Any, FerrofeedDatasource]" = weakref.WeakKeyDictionary()
 
@@ -162,8 +192,10 @@ class FerrofeedDatasource(Datasource):
 
     def report(self) -> Dict[str, Any]:
         """The figures of the read tasks that have finished: ``tasks`` (each
-        with ``task``, ``rank``, ``world_size``, ``node_id``, ``samples``,
-        ``batches``, ``skipped``), and over all of them ``samples``,
+        with ``task``, ``rank``, ``world_size``, ``node_id``, ``pid``,
+        ``started`` (Unix time), ``seconds``, ``warm`` (the task reused the
+        pipeline its process ran for the same rank in an earlier epoch),
+        ``samples``, ``batches``, ``skipped``), and over all of them ``samples``,
         ``skipped`` (every skipped sample with ``index``, ``path``,
         ``stage``, ``error``) and ``skipped_count``."""
         tasks = [] if self._collector is None else ray.get(self._collector.get.remote())
@@ -177,11 +209,13 @@ class FerrofeedDatasource(Datasource):
             "skipped_count": len(skipped),
         }
 
-    def _task_count(self, parallelism: int) -> int:
+    def _task_count(self, parallelism: Optional[int]) -> int:
         if self.tasks is not None:
             return self.tasks
-        cpus = ray.cluster_resources().get("CPU", 1)
-        return max(1, min(int(parallelism), int(cpus // self.num_cpus) or 1))
+        cpus = int(ray.cluster_resources().get("CPU", 1) // self.num_cpus) or 1
+        if parallelism is None or parallelism < 1:
+            return cpus
+        return max(1, min(int(parallelism), cpus))
 
     def _task_options(self, rank: int, world: int) -> Dict[str, Any]:
         o = dict(self.options)
@@ -208,7 +242,8 @@ class _TaskFn:
         self.collector = collector
 
     def __call__(self) -> Iterator[Any]:
-        loader = Loader(self.domain, self.path, output="numpy", **self.options)
+        started = time.time()
+        key, loader, warm = _take_loader(self.domain, self.path, self.options)
         samples = batches = 0
         try:
             for batch in loader.epoch(self.epoch):
@@ -217,13 +252,20 @@ class _TaskFn:
                 batches += 1
                 yield BlockAccessor.batch_to_block(cols)
             rep = loader.report() or {}
-        finally:
+        except BaseException:
+            # A failed or abandoned epoch: its pipeline is not reused.
             loader.close()
+            raise
+        _keep_loader(key, loader)
         figures = {
             "task": self.task,
             "rank": self.task,
             "world_size": self.tasks,
             "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "started": started,
+            "seconds": time.time() - started,
+            "warm": warm,
             "samples": samples,
             "batches": batches,
             "skipped": list(rep.get("skipped", [])),
@@ -270,7 +312,12 @@ def read(
     ``stage``.
     """
     source = FerrofeedDatasource(domain, path, epoch, tasks=tasks, num_cpus=num_cpus, **options)
-    ds = ray.data.read_datasource(source, num_cpus=num_cpus, **(ray_args or {}))
+    args = dict(ray_args or {})
+    # One block stream per read task, as the pipeline emits it (a batch per
+    # block): left to itself, Ray would split each task's output into many
+    # small blocks to reach its default block count, and pay for each.
+    args.setdefault("override_num_blocks", source._task_count(None))
+    ds = ray.data.read_datasource(source, num_cpus=num_cpus, **args)
     _reports[ds] = source
     return ds
 

@@ -67,6 +67,26 @@ def test_a_new_epoch_reshuffles_and_augments_anew(local_ray, vision_dir):
     assert any(not np.array_equal(e0[i], e1[i]) for i in range(24))
 
 
+def test_a_process_reuses_its_pipeline_for_the_next_epoch_with_the_same_rows(local_ray, vision_dir):
+    opts = dict(batch_size=4, seed=11, transform="train", size=32)
+    native = ferrofeed.vision(vision_dir, output="numpy", drop_last=False, **opts)
+    ran = set()  # (pid, rank) that have run a task of this read
+    warm = []
+    for e in range(3):
+        ds = fr.read("vision", str(vision_dir), epoch=e, tasks=1, **opts)
+        idx, got = ray_rows(ds, "images")
+        want = native_rows(native, e, "images")
+        assert sorted(idx) == list(range(24))
+        for i in range(24):
+            np.testing.assert_array_equal(got[i], want[i], err_msg=f"epoch {e} sample {i}")
+        for t in fr.report(ds)["tasks"]:
+            # Warm exactly when this process ran this rank before.
+            assert t["warm"] == ((t["pid"], t["rank"]) in ran)
+            ran.add((t["pid"], t["rank"]))
+            warm.append(t["warm"])
+    assert any(warm), "Ray ran every epoch's task in a new process"
+
+
 def test_text_rows_and_collate(local_ray, text_file):
     ds = fr.read("text", str(text_file), tasks=2, batch_size=16, max_length=24, seed=1)
     n = 0
