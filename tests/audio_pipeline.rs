@@ -362,15 +362,19 @@ fn the_epoch_length_is_known_from_the_headers() {
     assert!(names
         .iter()
         .all(|p| p.extension().is_some_and(|e| e == "wav")));
-    for (chunk, overlap, batch, drop_last, world) in [
-        (1.0, 0.0, 4, false, 1),
-        (0.7, 0.2, 3, true, 1),
-        (2.0, 0.5, 5, false, 2),
-        (0.25, 0.0, 16, false, 3),
+    for (chunk, overlap, batch, drop_last, world, offsets) in [
+        (1.0, 0.0, 4, false, 1, 1),
+        (0.7, 0.2, 3, true, 1, 1),
+        (2.0, 0.5, 5, false, 2, 1),
+        (0.25, 0.0, 16, false, 3, 1),
+        // Random chunk offsets: the length follows each epoch's offsets.
+        (1.0, 0.0, 1, false, 1, 8),
+        (0.5, 0.1, 3, false, 2, 5),
     ] {
         let opts = StreamOptions {
             chunk_seconds: chunk,
             overlap_seconds: overlap,
+            chunk_offsets: offsets,
             ..StreamOptions::default()
         };
         for rank in 0..world {
@@ -387,7 +391,7 @@ fn the_epoch_length_is_known_from_the_headers() {
                 .collate(FeatureCollate::new())
                 .build()
                 .unwrap();
-            for epoch in 0..2 {
+            for epoch in 0..4 {
                 let hint = p.epoch_hint(epoch).expect("WAV headers give lengths");
                 let got = p
                     .epoch(epoch)
@@ -395,7 +399,7 @@ fn the_epoch_length_is_known_from_the_headers() {
                     .count();
                 assert_eq!(
                     hint, got,
-                    "chunk {chunk} overlap {overlap} batch {batch} rank {rank}/{world}"
+                    "chunk {chunk} overlap {overlap} batch {batch} rank {rank}/{world} offsets {offsets}"
                 );
             }
         }

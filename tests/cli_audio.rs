@@ -584,3 +584,160 @@ fn the_feature_cache_serves_later_epochs_and_runs_exactly() {
         "temporary files left behind"
     );
 }
+
+/// The chunks of a `--dump` run in delivery order, split into epochs (an
+/// index seen again starts the next one): per epoch, each file's (shard's)
+/// chunk starts.
+fn starts_by_epoch(dump: &Path) -> Vec<std::collections::BTreeMap<i64, Vec<i64>>> {
+    let indices: Vec<i64> = files(dump, "indices_")
+        .iter()
+        .flat_map(|f| npy_i64(f).1)
+        .collect();
+    let starts: Vec<i64> = files(dump, "chunk_starts_")
+        .iter()
+        .flat_map(|f| npy_i64(f).1)
+        .collect();
+    assert_eq!(indices.len(), starts.len());
+    let mut epochs = vec![std::collections::BTreeMap::<i64, Vec<i64>>::new()];
+    let mut seen = std::collections::HashSet::new();
+    for (&i, &start) in indices.iter().zip(&starts) {
+        if !seen.insert(i) {
+            seen.clear();
+            seen.insert(i);
+            epochs.push(Default::default());
+        }
+        let file = i >> 40;
+        epochs
+            .last_mut()
+            .unwrap()
+            .entry(file)
+            .or_default()
+            .push(start);
+    }
+    for ep in &mut epochs {
+        ep.values_mut().for_each(|v| v.sort());
+    }
+    epochs
+}
+
+/// `--chunk-offsets K`: each epoch, each file's chunk grid starts at one of
+/// K offsets drawn from the seed, the epoch and the file — the same for any
+/// worker count, new from epoch to epoch — and through the feature cache
+/// each offset is an entry of its own, served exactly in later runs.
+#[test]
+fn random_chunk_offsets_per_epoch_and_through_the_feature_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("data");
+    make_audio(&cache, &data, "5", "3", &["--seed", "9"]);
+    let go = |name: &str, more: &[&str]| -> (Vec<Vec<u8>>, PathBuf, serde_json::Value) {
+        let out = tmp.path().join(name);
+        let rep = tmp.path().join(format!("{name}.json"));
+        let mut args = vec![
+            "audio",
+            data.to_str().unwrap(),
+            "--chunk-seconds",
+            "0.5",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "4",
+            "--seed",
+            "3",
+            "--quiet",
+            "--dump",
+            out.to_str().unwrap(),
+            "--report-json",
+            rep.to_str().unwrap(),
+        ];
+        args.extend_from_slice(more);
+        ok(&cache, &args);
+        let batches = files(&out, "features_").iter().map(|p| npy(p).2).collect();
+        (batches, out, report(&rep))
+    };
+    // 0.5 s at 16 kHz: chunks of 8000 samples, offsets 0, 2000, 4000, 6000;
+    // every file (≥ 1 s) holds a chunk after any offset.
+    let k4 = ["--chunk-offsets", "4"];
+    let (one, dump, _) = go("w1", &[k4[0], k4[1], "--workers", "1"]);
+    let (two, _, _) = go("w2", &[k4[0], k4[1], "--workers", "2"]);
+    assert_eq!(one, two, "chunk offsets depend on the worker count");
+    let epochs = starts_by_epoch(&dump);
+    assert_eq!(epochs.len(), 4);
+    let mut offsets = std::collections::BTreeSet::new();
+    for (e, ep) in epochs.iter().enumerate() {
+        assert_eq!(ep.len(), 5, "epoch {e} lost a file");
+        for (file, starts) in ep {
+            let off = starts[0];
+            assert!([0, 2000, 4000, 6000].contains(&off), "{file}: {off}");
+            for (k, s) in starts.iter().enumerate() {
+                assert_eq!(*s, off + 8000 * k as i64, "epoch {e} {file}: {starts:?}");
+            }
+            offsets.insert((*file, e, off));
+        }
+    }
+    let per_file_changes = epochs[0]
+        .keys()
+        .filter(|f| {
+            let o: std::collections::BTreeSet<i64> = epochs.iter().map(|ep| ep[*f][0]).collect();
+            o.len() > 1
+        })
+        .count();
+    assert!(per_file_changes >= 3, "offsets barely change: {offsets:?}");
+    // K = 1 (the default): every epoch the same grid from sample 0.
+    let (_, plain_dump, _) = go("plain", &[]);
+    for ep in starts_by_epoch(&plain_dump) {
+        for (file, starts) in ep {
+            assert!(
+                starts
+                    .iter()
+                    .enumerate()
+                    .all(|(k, s)| *s == 8000 * k as i64),
+                "{file}: {starts:?}"
+            );
+        }
+    }
+
+    // Through the cache: the same batches; one entry per (file, offset).
+    let fc = tmp.path().join("features");
+    let cached = [k4[0], k4[1], "--feature-cache", fc.to_str().unwrap()];
+    let distinct: std::collections::BTreeSet<(i64, i64)> =
+        offsets.iter().map(|(f, _, o)| (*f, *o)).collect();
+    let (first, first_dump, r1) = go("c1", &cached);
+    assert_eq!(first, one, "cached features differ from computed ones");
+    assert_eq!(starts_by_epoch(&first_dump), epochs);
+    assert_eq!(
+        r1["feature_cache_misses"].as_u64(),
+        Some(distinct.len() as u64)
+    );
+    assert_eq!(
+        r1["feature_cache_hits"].as_u64(),
+        Some(20 - distinct.len() as u64)
+    );
+    let (second, _, r2) = go("c2", &cached);
+    assert_eq!(second, one);
+    assert_eq!(
+        (
+            r2["feature_cache_misses"].as_u64(),
+            r2["feature_cache_hits"].as_u64()
+        ),
+        (Some(0), Some(20))
+    );
+
+    for bad in ["0", "8001"] {
+        let out = run(
+            &cache,
+            &[
+                "audio",
+                data.to_str().unwrap(),
+                "--chunk-seconds",
+                "0.5",
+                "--chunk-offsets",
+                bad,
+                "--quiet",
+            ],
+        );
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("--chunk-offsets {bad}")), "{err}");
+    }
+}

@@ -82,7 +82,9 @@ pub use sampler::{
     permutation, BatchSampler, Batched, ClassBalanced, ContiguousWindows, Curriculum, EpochPlan,
     FixedBatches, Order, PlanCtx, Sampler, Shard, ShardError, WeightError, Weighted,
 };
-pub use source::{stream_index, FnSource, IterableSource, ShardIter, Source, STREAM_POSITION_BITS};
+pub use source::{
+    stream_index, FnSource, IterableSource, ShardEpoch, ShardIter, Source, STREAM_POSITION_BITS,
+};
 pub use stage::{FnStage, Parallelism, Stage, StageCtx, StageOptions};
 pub use state::{PipelineState, Position, ResumeError};
 pub use stop::StopHandle;

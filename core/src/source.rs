@@ -95,6 +95,31 @@ pub trait IterableSource: Send + Sync + 'static {
         let _ = shard;
         None
     }
+    /// Opens shard `shard` for the epoch `at`. A source whose items vary by
+    /// epoch (audio's random chunk offsets) overrides this with a pure
+    /// function of `(at.seed, at.epoch, shard)`, so runs, worker counts and
+    /// resumes see the same items; the default is [`open`](Self::open), the
+    /// same items every epoch. The engine opens shards through this.
+    fn open_at(&self, shard: usize, at: ShardEpoch) -> Result<ShardIter<Self::Output>, BoxError> {
+        let _ = at;
+        self.open(shard)
+    }
+    /// [`shard_len`](Self::shard_len) for the epoch `at`, for a source that
+    /// overrides [`open_at`](Self::open_at).
+    fn shard_len_at(&self, shard: usize, at: ShardEpoch) -> Option<u64> {
+        let _ = at;
+        self.shard_len(shard)
+    }
+}
+
+/// The epoch a shard is opened for: the pipeline's seed and the epoch
+/// number (see [`IterableSource::open_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ShardEpoch {
+    /// The pipeline's seed.
+    pub seed: u64,
+    /// The epoch.
+    pub epoch: u64,
 }
 
 /// Bits of a streamed sample's index that hold its position in its shard;

@@ -20,7 +20,7 @@ unchanged, so each node downloads its own share into its own cache.
 
 A Ray worker process keeps the pipelines of its last two read tasks, so
 the next epoch's task for the same rank in that process starts warm (its
-threads, pools and scan index kept).
+threads and pools kept).
 
 Text rows keep their batch's padded length, so rows from different batches
 differ in length: give ``iter_torch_batches`` ``collate_fn=ferrofeed.ray.collate``,
@@ -50,7 +50,7 @@ _NOT_FOR_RAY = ("output", "pin_memory", "device")
 # A Ray worker process keeps the pipelines of the last read tasks it ran,
 # keyed by domain, path and options (rank and world size included): the next
 # epoch's task for the same rank in the same process reuses their threads,
-# pools and scan index instead of starting a pipeline cold.
+# pools (and a scan index, when asked for) instead of starting cold.
 _WARM: "OrderedDict[str, Loader]" = OrderedDict()
 _WARM_MAX = 2
 
@@ -220,6 +220,10 @@ class FerrofeedDatasource(Datasource):
     def _task_options(self, rank: int, world: int) -> Dict[str, Any]:
         o = dict(self.options)
         o.setdefault("workers", max(1, int(self.num_cpus)))
+        if self.domain == "vision":
+            # Filling the scan index costs the first epoch ~25% and, measured
+            # under Ray (bench/ray.py), later epochs gain nothing from it.
+            o.setdefault("scan_index", 0)
         o.update(rank=rank, world_size=world, pad_shards=False)
         return o
 

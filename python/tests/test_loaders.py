@@ -155,6 +155,26 @@ def test_audio_batches(audio_dir):
     assert [len(b["indices"]) for b in batches[:-1]] == [4] * (len(batches) - 1)
 
 
+def test_audio_chunk_offsets_move_each_epoch_and_len_follows(audio_dir):
+    loader = ferrofeed.audio(audio_dir, batch_size=1, chunk_seconds=1, chunk_offsets=4, seed=1,
+                             shuffle=False, output="numpy")
+    firsts = []
+    for e in range(4):
+        n = len(loader)  # the next epoch's length, from its offsets
+        batches = list(loader)
+        assert len(batches) == n, f"epoch {e}"
+        starts = {}
+        for b in batches:
+            starts.setdefault(int(b["indices"][0]) >> 40, []).append(int(b["chunk_starts"][0]))
+        # 1 s at 16 kHz: offsets of 0, 4000, 8000 or 12000 samples.
+        assert all(s[0] in (0, 4000, 8000, 12000) for s in starts.values()), starts
+        firsts.append(tuple(s[0] for _, s in sorted(starts.items())))
+    assert len(set(firsts)) > 1, "the offsets did not move between epochs"
+    with pytest.raises(ValueError) as e:
+        ferrofeed.audio(audio_dir, chunk_offsets=0)
+    assert "chunk-offsets" in str(e.value) or "chunk_offsets" in str(e.value)
+
+
 def test_rank_and_world_size_from_torchrun_env(vision_dir, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -58,6 +58,13 @@ pub struct AudioOpts {
     /// Seconds shared by consecutive chunks.
     #[arg(long, default_value_t = 0.0)]
     pub overlap_seconds: f64,
+    /// Random chunk offsets: each epoch, each file's chunks start at one of
+    /// K evenly spaced offsets within a chunk step, drawn from the seed, the
+    /// epoch and the file (the samples before it are in no chunk that
+    /// epoch); 1: every epoch the same chunks. With `--feature-cache` each
+    /// offset has its own entry, so once all K are cached no epoch decodes.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub chunk_offsets: u32,
     /// Features to compute.
     #[arg(long, value_enum, default_value = "logmel")]
     pub features: FeaturesArg,
@@ -205,6 +212,7 @@ fn open(
         sample_rate: o.sample_rate,
         chunk_seconds: o.chunk_seconds,
         overlap_seconds: o.overlap_seconds,
+        chunk_offsets: o.chunk_offsets,
         keep_channels: o.channels == ChannelsArg::Keep,
         decode: DecodeOptions {
             non_finite: match o.non_finite {

@@ -9,17 +9,18 @@
 use std::sync::Arc;
 
 use crate::error::BoxError;
-use crate::source::{IterableSource, Source};
+use crate::source::{IterableSource, ShardEpoch, Source};
 use crate::stage::{erase, RunFn, Stage, StageCtx};
 
 use crate::engine::*;
 
 pub(crate) type KeyFn = Box<dyn Fn(u64) -> Option<String> + Send + Sync>;
 
-/// Opens shard `shard` with a shuffle buffer of `capacity` items (≤ 1: off)
-/// seeded by `seed`.
-pub(crate) type OpenFn =
-    Box<dyn Fn(usize, usize, u64) -> Result<Box<dyn ShardReader>, BoxError> + Send + Sync>;
+/// Opens shard `shard` for the epoch `at` with a shuffle buffer of
+/// `capacity` items (≤ 1: off) seeded by `seed`.
+pub(crate) type OpenFn = Box<
+    dyn Fn(usize, usize, u64, ShardEpoch) -> Result<Box<dyn ShardReader>, BoxError> + Send + Sync,
+>;
 
 pub(crate) enum ErasedSource {
     Map {
@@ -31,8 +32,8 @@ pub(crate) enum ErasedSource {
         shards: usize,
         key: Box<dyn Fn(usize) -> String + Send + Sync>,
         open: OpenFn,
-        /// Items in a shard, when known without reading it.
-        len: Box<dyn Fn(usize) -> Option<u64> + Send + Sync>,
+        /// Items in a shard in an epoch, when known without reading it.
+        len: Box<dyn Fn(usize, ShardEpoch) -> Option<u64> + Send + Sync>,
     },
 }
 
@@ -68,9 +69,9 @@ impl ErasedSource {
         ErasedSource::Iter {
             shards: source.num_shards(),
             key: Box::new(move |s| s2.shard_key(s)),
-            len: Box::new(move |s| s3.shard_len(s)),
-            open: Box::new(move |shard, capacity, seed| {
-                let it = source.open(shard)?;
+            len: Box::new(move |s, at| s3.shard_len_at(s, at)),
+            open: Box::new(move |shard, capacity, seed, at| {
+                let it = source.open_at(shard, at)?;
                 Ok(Box::new(StreamReader {
                     streams: vec![Stream {
                         it,

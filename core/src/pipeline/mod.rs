@@ -268,10 +268,14 @@ impl Pipeline {
         if let ErasedSource::Iter { len, .. } = &self.shared.source {
             // Full batches across shard groups: only the epoch's last batch
             // may be short (or dropped).
+            let at = crate::ShardEpoch {
+                seed: self.shared.cfg.shuffling.seed,
+                epoch,
+            };
             let items: u64 = self
                 .shard_order(epoch)?
                 .into_iter()
-                .map(len)
+                .map(|s| len(s, at))
                 .sum::<Option<u64>>()?;
             let b = self.shared.cfg.batching;
             let size = b.size.max(1) as u64;

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use ferrofeed_core::{BoxError, IterableSource, ShardIter};
+use ferrofeed_core::{BoxError, IterableSource, ShardEpoch, ShardIter};
 
 use crate::features::Features;
 use crate::stage::{ChunkFeatures, FeatureStage};
@@ -376,6 +376,9 @@ impl IterableSource for CachedFeatures {
     fn shard_len(&self, shard: usize) -> Option<u64> {
         self.files.shard_len(shard)
     }
+    fn shard_len_at(&self, shard: usize, at: ShardEpoch) -> Option<u64> {
+        self.files.shard_len_at(shard, at)
+    }
     fn num_shards(&self) -> usize {
         self.files.num_shards()
     }
@@ -383,13 +386,23 @@ impl IterableSource for CachedFeatures {
         self.files.shard_key(shard)
     }
     fn open(&self, shard: usize) -> Result<ShardIter<ChunkFeatures>, BoxError> {
+        self.open_at(shard, ShardEpoch::default())
+    }
+    /// With random chunk offsets each offset is an entry of its own: after
+    /// the first epochs every offset of a file is cached.
+    fn open_at(&self, shard: usize, at: ShardEpoch) -> Result<ShardIter<ChunkFeatures>, BoxError> {
+        let offset = self.files.offset_at(shard, at);
         let path = self
             .files
             .files()
             .get(shard)
             .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?
             .clone();
-        let key = FeatureCache::key(&path, &self.settings);
+        let key = if offset == 0 {
+            FeatureCache::key(&path, &self.settings)
+        } else {
+            FeatureCache::key(&path, &format!("{} offset {offset}", self.settings))
+        };
         let cache = Arc::clone(&self.cache);
         if let Some(e) = key.as_ref().and_then(|k| cache.read(k)) {
             cache.hits.fetch_add(1, Ordering::Relaxed);
@@ -406,7 +419,7 @@ impl IterableSource for CachedFeatures {
             })));
         }
         cache.misses.fetch_add(1, Ordering::Relaxed);
-        let mut stream = ChunkStream::open(&path, self.files.options())?;
+        let mut stream = ChunkStream::open_at(&path, self.files.options(), offset)?;
         let counter = self.files.samples_read();
         let before = Arc::new(AtomicU64::new(0));
         stream.counter = Some(Arc::clone(&before));

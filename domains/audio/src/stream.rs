@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferrofeed_core::ShardIter;
-use ferrofeed_core::{BoxError, Component, IterableSource};
+use ferrofeed_core::{BoxError, Component, IterableSource, ShardEpoch};
 use rubato::{FftFixedIn, Resampler};
 
 use crate::decode::{DecodeOptions, Decoded};
@@ -105,6 +105,11 @@ impl ChunkSpec {
 }
 
 /// Cuts a stream of samples into overlapping chunks.
+///
+/// With an offset (see [`Chunker::with_offset`]) the chunk grid starts that
+/// many samples into the stream: the samples before it are in no chunk. A
+/// stream too short to fill one chunk after its offset gives one chunk from
+/// its start, as without an offset.
 #[derive(Debug)]
 pub struct Chunker {
     spec: ChunkSpec,
@@ -113,6 +118,12 @@ pub struct Chunker {
     next_start: u64,
     covered: u64,
     total: u64,
+    offset: usize,
+    /// Samples of the offset still to pass.
+    skip: usize,
+    /// The samples before the offset, kept until the first chunk is full.
+    head: Vec<f32>,
+    emitted: bool,
 }
 
 impl Chunker {
@@ -120,17 +131,28 @@ impl Chunker {
     /// A hand-made spec with a zero-length chunk gets one-sample chunks
     /// (`from_seconds` refuses it).
     pub fn new(spec: ChunkSpec, rate: u32) -> Self {
+        Self::with_offset(spec, rate, 0)
+    }
+
+    /// A chunker whose first chunk starts `offset` samples into the stream
+    /// (below one step: larger offsets are cut to `step - 1`).
+    pub fn with_offset(spec: ChunkSpec, rate: u32, offset: usize) -> Self {
         let spec = ChunkSpec {
             chunk: spec.chunk.max(1),
             ..spec
         };
+        let offset = offset.min(spec.step() - 1);
         Chunker {
             spec,
             rate,
             buf: Vec::with_capacity(spec.chunk),
-            next_start: 0,
-            covered: 0,
+            next_start: offset as u64,
+            covered: offset as u64,
             total: 0,
+            offset,
+            skip: offset,
+            head: Vec::with_capacity(offset),
+            emitted: false,
         }
     }
 
@@ -141,6 +163,12 @@ impl Chunker {
     /// one starts with its overlap.
     pub fn push(&mut self, mut samples: &[f32], out: &mut impl Extend<AudioChunk>) {
         self.total += samples.len() as u64;
+        if self.skip > 0 {
+            let take = self.skip.min(samples.len());
+            self.head.extend_from_slice(&samples[..take]);
+            samples = &samples[take..];
+            self.skip -= take;
+        }
         // `new` keeps the chunk at least 1, so 1 ≤ step ≤ chunk.
         let (c, step) = (self.spec.chunk, self.spec.step());
         while !samples.is_empty() {
@@ -158,6 +186,10 @@ impl Chunker {
                     start: self.next_start,
                     sample_rate: self.rate,
                 }));
+                if !self.emitted {
+                    self.emitted = true;
+                    self.head = Vec::new();
+                }
                 self.covered = self.next_start + c as u64;
                 self.next_start += step as u64;
             }
@@ -170,7 +202,23 @@ impl Chunker {
         if self.total == 0 {
             return Err(AudioError::Config("the file holds no audio samples".into()));
         }
-        if self.total > self.covered || self.covered == 0 {
+        if !self.emitted && self.offset > 0 {
+            // Too short for a chunk after the offset: one from the start.
+            let mut samples = std::mem::take(&mut self.head);
+            samples.append(&mut self.buf);
+            samples.truncate(self.spec.chunk);
+            let valid = samples.len();
+            samples.resize(self.spec.chunk, 0.0);
+            out.extend(std::iter::once(AudioChunk {
+                samples,
+                channels: 1,
+                valid,
+                start: 0,
+                sample_rate: self.rate,
+            }));
+            self.emitted = true;
+            self.covered = self.total;
+        } else if self.total > self.covered || self.covered == 0 {
             let mut samples = std::mem::take(&mut self.buf);
             let valid = samples.len();
             samples.resize(self.spec.chunk, 0.0);
@@ -181,6 +229,7 @@ impl Chunker {
                 start: self.next_start,
                 sample_rate: self.rate,
             }));
+            self.emitted = true;
             self.covered = self.total;
         }
         self.buf.clear();
@@ -307,6 +356,11 @@ pub struct StreamOptions {
     /// Keep every channel (chunks hold `channels` planes) instead of mixing
     /// to mono.
     pub keep_channels: bool,
+    /// Random chunk offsets: each epoch, each file's chunk grid starts at
+    /// one of this many evenly spaced offsets within a step, drawn from
+    /// the seed, the epoch and the file ([`AudioFiles::offset_at`]); 1: at
+    /// the file's start, every epoch the same chunks.
+    pub chunk_offsets: u32,
     /// Decoding options.
     pub decode: DecodeOptions,
 }
@@ -318,6 +372,7 @@ impl Default for StreamOptions {
             chunk_seconds: 10.0,
             overlap_seconds: 0.0,
             keep_channels: false,
+            chunk_offsets: 1,
             decode: DecodeOptions::default(),
         }
     }
@@ -337,6 +392,7 @@ pub struct ChunkStream {
     lanes: Vec<Lane>,
     spec: ChunkSpec,
     rate: u32,
+    offset: usize,
     scratch: Vec<f32>,
     done: bool,
     pub(crate) counter: Option<Arc<AtomicU64>>,
@@ -345,6 +401,16 @@ pub struct ChunkStream {
 impl ChunkStream {
     /// Opens `path` (the header is read now; bad files fail here).
     pub fn open(path: &Path, opts: &StreamOptions) -> Result<ChunkStream, AudioError> {
+        Self::open_at(path, opts, 0)
+    }
+
+    /// Opens `path` with its chunk grid `offset` samples (at the target
+    /// rate) into the stream; see [`Chunker::with_offset`].
+    pub fn open_at(
+        path: &Path,
+        opts: &StreamOptions,
+        offset: usize,
+    ) -> Result<ChunkStream, AudioError> {
         let spec =
             ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
         let decoded = Decoded::open(path, &opts.decode)?;
@@ -354,6 +420,7 @@ impl ChunkStream {
             lanes: Vec::new(),
             spec,
             rate: opts.sample_rate,
+            offset,
             scratch: Vec::new(),
             done: false,
             counter: None,
@@ -373,7 +440,7 @@ impl ChunkStream {
         };
         self.lanes.push(Lane {
             resampler,
-            chunker: Chunker::new(self.spec, self.rate),
+            chunker: Chunker::with_offset(self.spec, self.rate, self.offset),
             ready: VecDeque::new(),
         });
         Ok(())
@@ -478,7 +545,8 @@ pub struct AudioFiles {
     files: Vec<PathBuf>,
     opts: StreamOptions,
     samples: Arc<AtomicU64>,
-    /// Each file's chunk count from its header, looked up once.
+    /// Each file's sample count (at the target rate) from its header,
+    /// looked up once.
     lens: Vec<std::sync::OnceLock<Option<u64>>>,
 }
 
@@ -514,7 +582,15 @@ impl AudioFiles {
     }
 
     fn check(opts: &StreamOptions) -> Result<(), AudioError> {
-        ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
+        let spec =
+            ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
+        if opts.chunk_offsets == 0 || opts.chunk_offsets as usize > spec.step() {
+            return Err(AudioError::Config(format!(
+                "--chunk-offsets {} must be at least 1 and at most the {} samples between chunk starts",
+                opts.chunk_offsets,
+                spec.step()
+            )));
+        }
         if opts.sample_rate == 0 || opts.sample_rate > crate::decode::MAX_SAMPLE_RATE {
             return Err(AudioError::Config(format!(
                 "--sample-rate {} is outside 1 Hz–768 kHz",
@@ -568,14 +644,25 @@ impl ChunkSpec {
         let covered = if full > 0 { (full - 1) * step + c } else { 0 };
         full + u64::from(samples > covered || full == 0)
     }
+
+    /// Chunks a stream of `samples` samples makes with its grid `offset`
+    /// samples in (see [`Chunker::with_offset`]).
+    pub fn chunks_at(&self, samples: u64, offset: usize) -> u64 {
+        let offset = offset.min(self.step() - 1) as u64;
+        if offset > 0 && samples < offset + self.chunk.max(1) as u64 {
+            return u64::from(samples > 0);
+        }
+        self.chunks_for(samples - offset)
+    }
 }
 
 impl AudioFiles {
-    /// Chunks file `shard` makes, from its header's frame count: WAV only,
-    /// whose header states the sample count exactly (`None` for other
-    /// formats, whose headers can disagree with the decoded length, or a file
-    /// that cannot be opened; a truncated WAV makes it an overestimate).
-    fn chunks_of(&self, shard: usize) -> Option<u64> {
+    /// Samples (at the target rate) file `shard` makes, from its header's
+    /// frame count: WAV only, whose header states the sample count exactly
+    /// (`None` for other formats, whose headers can disagree with the
+    /// decoded length, or a file that cannot be opened; a truncated WAV
+    /// makes it an overestimate).
+    fn samples_of(&self, shard: usize) -> Option<u64> {
         let path = self.files.get(shard)?;
         let wav = path
             .extension()
@@ -587,26 +674,45 @@ impl AudioFiles {
         let d = crate::decode::Decoded::open(path, &self.opts.decode).ok()?;
         let frames = d.frames_hint()?;
         let (rin, rout) = (u64::from(d.sample_rate()), u64::from(self.opts.sample_rate));
-        let samples = if rin == rout || rin == 0 {
+        Some(if rin == rout || rin == 0 {
             frames
         } else {
             (frames * rout).div_ceil(rin)
-        };
-        let spec = ChunkSpec::from_seconds(
+        })
+    }
+
+    fn spec(&self) -> Option<ChunkSpec> {
+        ChunkSpec::from_seconds(
             self.opts.chunk_seconds,
             self.opts.overlap_seconds,
             self.opts.sample_rate,
         )
-        .ok()?;
-        Some(spec.chunks_for(samples))
+        .ok()
+    }
+
+    /// Where file `shard`'s chunk grid starts in the epoch `at`, in samples
+    /// at the target rate: `j × step / K` for `K` = `chunk_offsets` and `j`
+    /// drawn from the seed, the epoch and the shard (0 when `K` is 1).
+    pub fn offset_at(&self, shard: usize, at: ShardEpoch) -> usize {
+        let k = u64::from(self.opts.chunk_offsets.max(1));
+        let Some(spec) = self.spec().filter(|_| k > 1) else {
+            return 0;
+        };
+        let j =
+            ferrofeed_core::rng::derive_seed(&[at.seed, at.epoch, shard as u64, 0x4f46_4653]) % k;
+        (j * spec.step() as u64 / k) as usize
     }
 }
 
 impl IterableSource for AudioFiles {
     type Output = AudioChunk;
     fn shard_len(&self, shard: usize) -> Option<u64> {
+        self.shard_len_at(shard, ShardEpoch::default())
+    }
+    fn shard_len_at(&self, shard: usize, at: ShardEpoch) -> Option<u64> {
         let cell = self.lens.get(shard)?;
-        *cell.get_or_init(|| self.chunks_of(shard))
+        let samples = (*cell.get_or_init(|| self.samples_of(shard)))?;
+        Some(self.spec()?.chunks_at(samples, self.offset_at(shard, at)))
     }
     fn num_shards(&self) -> usize {
         self.files.len()
@@ -617,11 +723,14 @@ impl IterableSource for AudioFiles {
             .map_or_else(String::new, |p| p.display().to_string())
     }
     fn open(&self, shard: usize) -> Result<ShardIter<AudioChunk>, BoxError> {
+        self.open_at(shard, ShardEpoch::default())
+    }
+    fn open_at(&self, shard: usize, at: ShardEpoch) -> Result<ShardIter<AudioChunk>, BoxError> {
         let path = self
             .files
             .get(shard)
             .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?;
-        let mut s = ChunkStream::open(path, &self.opts)?;
+        let mut s = ChunkStream::open_at(path, &self.opts, self.offset_at(shard, at))?;
         s.counter = Some(Arc::clone(&self.samples));
         Ok(Box::new(s.map(|r| r.map_err(BoxError::from))))
     }
@@ -632,14 +741,57 @@ mod tests {
     use super::*;
 
     fn chunks(n: usize, spec: ChunkSpec, pieces: usize) -> Vec<AudioChunk> {
+        chunks_at(n, spec, pieces, 0)
+    }
+
+    fn chunks_at(n: usize, spec: ChunkSpec, pieces: usize, offset: usize) -> Vec<AudioChunk> {
         let x: Vec<f32> = (0..n).map(|i| i as f32 + 1.0).collect();
-        let mut c = Chunker::new(spec, 100);
+        let mut c = Chunker::with_offset(spec, 100, offset);
         let mut out = Vec::new();
         for p in x.chunks(pieces.max(1)) {
             c.push(p, &mut out);
         }
         c.finish(&mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn an_offset_shifts_the_grid_and_a_short_stream_keeps_its_start() {
+        for n in [1, 5, 9, 10, 13, 14, 30, 97] {
+            for (chunk, overlap) in [(10, 0), (10, 3), (4, 0)] {
+                let spec = ChunkSpec { chunk, overlap };
+                for offset in 0..spec.step() {
+                    let want = chunks_at(n, spec, n, offset);
+                    for pieces in [1, 3, 7] {
+                        assert_eq!(chunks_at(n, spec, pieces, offset), want);
+                    }
+                    assert_eq!(
+                        want.len() as u64,
+                        spec.chunks_at(n as u64, offset),
+                        "n {n} {spec:?} offset {offset}"
+                    );
+                    if n >= offset + chunk {
+                        for (k, c) in want.iter().enumerate() {
+                            let start = offset + k * spec.step();
+                            assert_eq!(c.start, start as u64);
+                            let real = (n - start).min(chunk);
+                            assert_eq!(c.valid, real);
+                            assert_eq!(c.samples[0], (start + 1) as f32);
+                            assert!(c.samples[real..].iter().all(|&v| v == 0.0));
+                        }
+                        let last = want.last().unwrap();
+                        assert!(
+                            last.start as usize + last.valid == n,
+                            "the end is in no chunk"
+                        );
+                    } else {
+                        assert_eq!(want.len(), 1);
+                        assert_eq!((want[0].start, want[0].valid), (0, n.min(chunk)));
+                        assert_eq!(want[0].samples[0], 1.0);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

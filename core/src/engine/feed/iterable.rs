@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::budget::Lease;
 use crate::component_set::ComponentSet;
 use crate::error::{BoxError, ErrorKind, SampleError, Verdict};
-use crate::source::stream_index;
+use crate::source::{stream_index, ShardEpoch};
 use crate::stage::RowFate;
 use crate::table::Table;
 
@@ -206,6 +206,7 @@ pub(crate) fn open_group(
     shards: &[usize],
     buffer: usize,
     seed: u64,
+    at: ShardEpoch,
     stats: &mut LocalStats,
     log: &mut TaskLog,
 ) -> Option<Box<dyn ShardReader>> {
@@ -217,7 +218,7 @@ pub(crate) fn open_group(
     for &shard in shards {
         let mut failures = 0;
         loop {
-            match open(shard, buffer, seed) {
+            match open(shard, buffer, seed, at) {
                 Ok(r) => {
                     match &mut reader {
                         Some(base) => base.merge(r.into_any()),
@@ -264,7 +265,11 @@ pub(crate) fn nth_item(
     };
     let mut seen = 0u64;
     for shard in 0..*shards {
-        let Some(mut reader) = open_group(shared, &[shard], 0, 0, stats, log) else {
+        let at = ShardEpoch {
+            seed: shared.cfg.shuffling.seed,
+            epoch: 0,
+        };
+        let Some(mut reader) = open_group(shared, &[shard], 0, 0, at, stats, log) else {
             if log.fail.is_some() {
                 return Err((None, "the shard could not be opened".into()));
             }
@@ -321,7 +326,11 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let seed = group_seed(shared.cfg.shuffling.seed, epoch, shards[0]);
         let buffer = shared.cfg.shuffling.shuffle_buffer;
-        open_group(&shared, shards, buffer, seed, &mut self.stats, log)
+        let at = ShardEpoch {
+            seed: shared.cfg.shuffling.seed,
+            epoch,
+        };
+        open_group(&shared, shards, buffer, seed, at, &mut self.stats, log)
     }
 
     /// Reads shard groups (each claimed by one worker, its shards opened and
