@@ -195,12 +195,15 @@ class FerrofeedDatasource(Datasource):
         with ``task``, ``rank``, ``world_size``, ``node_id``, ``pid``,
         ``started`` (Unix time), ``seconds``, ``warm`` (the task reused the
         pipeline its process ran for the same rank in an earlier epoch),
-        ``samples``, ``batches``, ``skipped``), and over all of them ``samples``,
-        ``skipped`` (every skipped sample with ``index``, ``path``,
-        ``stage``, ``error``) and ``skipped_count``."""
+        ``samples``, ``batches``, ``skipped``, and ``remote`` when the path is
+        a URL: the pipeline's download figures), and over all of them
+        ``samples``, ``skipped`` (every skipped sample with ``index``,
+        ``path``, ``stage``, ``error``), ``skipped_count`` and, for a URL,
+        ``remote`` with the tasks' ``bytes_downloaded``, ``bytes_from_cache``,
+        ``requests`` and ``retries`` summed."""
         tasks = [] if self._collector is None else ray.get(self._collector.get.remote())
         skipped = [s for t in tasks for s in t["skipped"]]
-        return {
+        out: Dict[str, Any] = {
             "domain": self.domain,
             "epoch": self.epoch,
             "tasks": tasks,
@@ -208,6 +211,11 @@ class FerrofeedDatasource(Datasource):
             "skipped": skipped,
             "skipped_count": len(skipped),
         }
+        remote = [t["remote"] for t in tasks if "remote" in t]
+        if remote:
+            keys = ("bytes_downloaded", "bytes_from_cache", "requests", "retries")
+            out["remote"] = {k: sum(int(r.get(k, 0)) for r in remote) for k in keys}
+        return out
 
     def _task_count(self, parallelism: Optional[int]) -> int:
         if self.tasks is not None:
@@ -274,6 +282,8 @@ class _TaskFn:
             "batches": batches,
             "skipped": list(rep.get("skipped", [])),
         }
+        if rep.get("remote"):
+            figures["remote"] = dict(rep["remote"])
         ray.get(self.collector.put.remote(self.task, figures))
 
 

@@ -187,6 +187,30 @@ def test_ray_train_example_trains(tmp_path):
     assert "loss" in r.stdout and "steps 3" in r.stdout
 
 
+def test_a_url_passes_through_and_each_task_downloads_its_share(local_ray, vision_dir, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from s3_servers import Moto, s3_env
+
+    moto = Moto()
+    try:
+        total = moto.upload_tree("raydata", "tree", vision_dir)
+        keys = ("AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+        env = {k: v for k, v in s3_env(moto.url).items() if k in keys}
+        opts = dict(batch_size=4, transform="eval", size=32, resize=40, seed=3)
+        ds = fr.read("vision", "s3://raydata/tree/", tasks=3, remote_cache=str(tmp_path / "cache"),
+                     ray_args={"runtime_env": {"env_vars": env}}, **opts)
+        idx, got = ray_rows(ds, "images")
+        assert sorted(idx) == list(range(24))
+        want = native_rows(ferrofeed.vision(str(vision_dir), output="numpy", **opts), 0, "images")
+        assert all(np.array_equal(got[i], want[i]) for i in range(24))
+        rep = fr.report(ds)
+        # Each task downloads the objects of its own share; none twice.
+        assert all(t["remote"]["bytes_downloaded"] > 0 for t in rep["tasks"]), rep["tasks"]
+        assert rep["remote"]["bytes_downloaded"] == total
+    finally:
+        moto.stop()
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
