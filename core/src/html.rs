@@ -452,6 +452,31 @@ impl ReportPage {
         for p in &plots {
             h.push_str(&p.svg());
         }
+        // One plot per meter (a reader's bytes downloaded: MB/s).
+        for (i, name) in self.timeline.meters.iter().enumerate() {
+            let (unit, scale) = if name.contains("bytes") {
+                ("MB/s", 1e-6)
+            } else {
+                ("per second", 1.0)
+            };
+            h.push_str(
+                &Plot {
+                    title: name,
+                    x_unit: "time (s)",
+                    y_unit: unit,
+                    series: vec![(
+                        name.clone(),
+                        PALETTE[3].into(),
+                        pts.iter()
+                            .filter_map(|p| p.meter_rates.get(i).map(|r| (p.t_s, r * scale)))
+                            .collect(),
+                    )],
+                    limit: None,
+                    step: false,
+                }
+                .svg(),
+            );
+        }
         if self.epochs.len() > 1 {
             h.push_str(
                 &Plot {
@@ -562,6 +587,7 @@ mod tests {
                 interval_s: 0.1,
                 queues: vec!["collate".into()],
                 pools: vec!["source+decode".into(), "collate".into()],
+                meters: vec![],
                 points: (0..points)
                     .map(|i| TimelinePoint {
                         t_s: i as f64 * 0.1,
@@ -570,6 +596,7 @@ mod tests {
                         output_queue_fill: 0.5,
                         input_queue_fill: vec![0.25],
                         workers: vec![2, 1],
+                        meter_rates: vec![],
                     })
                     .collect(),
             },
@@ -628,5 +655,25 @@ mod tests {
         assert!(html.contains(&format!("background:{decode}")));
         assert_ne!(p.colour("collate"), decode);
         assert!(html.contains(&format!("stroke=\"{}\"", p.colour("collate"))));
+    }
+
+    #[test]
+    fn a_meter_gets_its_own_plot_in_mb_per_s() {
+        let mut p = page(10, 0);
+        p.timeline.meters = vec!["bytes downloaded".into()];
+        for (i, pt) in p.timeline.points.iter_mut().enumerate() {
+            pt.meter_rates = vec![i as f64 * 1e6];
+        }
+        let plain = page(10, 0).render();
+        let html = p.render();
+        assert_eq!(
+            html.matches("<svg").count(),
+            plain.matches("<svg").count() + 1
+        );
+        assert!(html.contains("bytes downloaded") && html.contains("MB/s"));
+        // 0–9 MB/s: the axis reaches 10.
+        let plot = &html[html.find("bytes downloaded").unwrap()..];
+        let plot = &plot[..plot.find("</svg>").unwrap()];
+        assert!(plot.contains(">10<") || plot.contains(">10.0<"), "{plot}");
     }
 }

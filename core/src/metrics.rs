@@ -106,6 +106,9 @@ pub struct Timeline {
     pub queues: Vec<String>,
     /// Stage names of [`TimelinePoint::workers`] (one per worker pool).
     pub pools: Vec<String>,
+    /// Names of [`TimelinePoint::meter_rates`]: the counters given to
+    /// [`Pipeline::meter`](crate::Pipeline::meter), in the order given.
+    pub meters: Vec<String>,
     /// The points, oldest first.
     pub points: Vec<TimelinePoint>,
 }
@@ -128,6 +131,9 @@ pub struct TimelinePoint {
     pub input_queue_fill: Vec<f64>,
     /// Active workers per pool at the end of the interval.
     pub workers: Vec<usize>,
+    /// How fast each of [`Timeline::meters`] grew over the interval, per
+    /// second (a meter added later is missing from earlier points).
+    pub meter_rates: Vec<f64>,
 }
 
 impl Timeline {
@@ -157,6 +163,12 @@ impl Timeline {
                         .map(|(x, y)| mean(*x, *y))
                         .collect(),
                     workers: b.workers.clone(),
+                    meter_rates: b
+                        .meter_rates
+                        .iter()
+                        .enumerate()
+                        .map(|(i, y)| a.meter_rates.get(i).map_or(*y, |x| mean(*x, *y)))
+                        .collect(),
                 }
             })
             .collect();
@@ -177,6 +189,7 @@ mod timeline_tests {
             output_queue_fill: fill,
             input_queue_fill: vec![fill, 1.0 - fill],
             workers: vec![2],
+            meter_rates: vec![t],
         }
     }
 
@@ -195,6 +208,7 @@ mod timeline_tests {
         assert_eq!(tl.points[0].t_s, 1.0);
         assert_eq!(tl.points[0].output_queue_fill, 0.5);
         assert_eq!(tl.points[0].input_queue_fill, vec![0.5, 0.5]);
+        assert_eq!(tl.points[0].meter_rates, vec![0.5]);
         assert_eq!(
             tl.points.last().map(|p| p.t_s),
             Some((Timeline::MAX_POINTS - 1) as f64)

@@ -52,7 +52,7 @@ pub(crate) struct TraceSink {
     threads: Mutex<Vec<(u32, String)>>,
     events: Mutex<Vec<TraceEvent>>,
     /// Counter samples: `(ns, track, values)`.
-    counters: Mutex<Vec<(u64, &'static str, serde_json::Value)>>,
+    counters: Mutex<Vec<(u64, String, serde_json::Value)>>,
     dropped: AtomicU64,
 }
 
@@ -92,10 +92,10 @@ impl TraceSink {
     }
     /// Records a counter sample (a Perfetto counter track per `name`, one
     /// series per key of `values`), within the same bound as the events.
-    pub(crate) fn counter(&self, ts_ns: u64, name: &'static str, values: serde_json::Value) {
+    pub(crate) fn counter(&self, ts_ns: u64, name: &str, values: serde_json::Value) {
         let mut c = self.counters.lock_unpoisoned();
         if c.len() < self.max {
-            c.push((ts_ns, name, values));
+            c.push((ts_ns, name.to_string(), values));
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }

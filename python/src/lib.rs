@@ -25,6 +25,31 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// mimalloc v3's `mi_option_allow_thp`.
 const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 
+/// `MADV_NOHUGEPAGE` on the mapping that holds `addr` (the allocator's
+/// arena). Best effort: without `/proc` or on an old kernel nothing changes.
+fn no_huge_pages_under(addr: usize) {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    for line in maps.lines() {
+        let Some((range, _)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) else {
+            continue;
+        };
+        if (lo..hi).contains(&addr) {
+            // SAFETY: advice on a whole mapping of this process; it changes
+            // how the kernel backs the pages, never their contents.
+            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_NOHUGEPAGE) };
+            return;
+        }
+    }
+}
+
 #[pymodule]
 fn _ferrofeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Freed pages stay with the allocator instead of going back to the
@@ -33,16 +58,20 @@ fn _ferrofeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // bounded by the byte budget).
     // SAFETY: sets a plain option; called once, at import.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-    // No MADV_HUGEPAGE on the allocator's memory: the first touch of a huge
-    // page zeroes all 2 MiB of it, and a loader's first epoch ran ~20%
-    // slower for it (1,458–1,593 vs 1,969–1,980 images/s, 3 runs each). The
-    // command disables THP for its whole process; here only the extension's
-    // own allocations are affected, not the interpreter's or torch's. The
-    // allocator is already initialised (the box below at the latest), so
-    // the option does not turn THP off for the process.
-    drop(Box::new(0u64));
+    // No transparent huge pages under the allocator's memory: the first
+    // touch of a huge page zeroes all 2 MiB of it, and a loader's first
+    // epoch ran ~20% slower for it. The command disables THP for its whole
+    // process; here only the extension's own memory is affected, not the
+    // interpreter's or torch's. The allocator is initialised by now (the
+    // probe at the latest), so the option does not turn THP off for the
+    // process; it keeps later arenas from being advised, and the arena
+    // already reserved (advised MADV_HUGEPAGE at reservation) is advised
+    // back.
+    let probe = Box::new(0u64);
     // SAFETY: as above.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0) };
+    no_huge_pages_under(&*probe as *const u64 as usize);
+    drop(probe);
     m.add("__version__", ferrofeed::VERSION)?;
     m.add_class::<array::Array>()?;
     m.add_class::<loader::Loader>()?;

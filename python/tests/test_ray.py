@@ -204,9 +204,12 @@ def test_a_url_passes_through_and_each_task_downloads_its_share(local_ray, visio
         want = native_rows(ferrofeed.vision(str(vision_dir), output="numpy", **opts), 0, "images")
         assert all(np.array_equal(got[i], want[i]) for i in range(24))
         rep = fr.report(ds)
-        # Each task downloads the objects of its own share; none twice.
+        # Each task downloads the objects of its own share; none twice. A task
+        # may also prefetch its next epoch's first objects into the node's
+        # shared cache, and a later task then takes those from the cache.
         assert all(t["remote"]["bytes_downloaded"] > 0 for t in rep["tasks"]), rep["tasks"]
-        assert rep["remote"]["bytes_downloaded"] == total
+        assert rep["remote"]["bytes_downloaded"] <= total, rep["tasks"]
+        assert rep["remote"]["bytes_downloaded"] + rep["remote"]["bytes_from_cache"] >= total, rep["tasks"]
     finally:
         moto.stop()
 

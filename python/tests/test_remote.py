@@ -97,13 +97,26 @@ def test_tree_gives_the_local_batches_and_a_second_run_reads_the_cache(moto, tre
     for attempt in range(2):
         d = tmp_path / f"remote{attempt}"
         rep = tmp_path / f"r{attempt}.json"
+        trace = tmp_path / f"t{attempt}.json"
         r = run(["vision", "s3://data/tree", *COMMON, "--dump", d, "--report-json", rep,
-                 "--remote-cache", cache], env)
+                 "--remote-cache", cache, "--trace", trace], env)
         assert dumps(d) == want
-        remote = json.loads(rep.read_text())["remote"]
+        report = json.loads(rep.read_text())
+        remote = report["remote"]
         if attempt == 0:
             assert remote["bytes_downloaded"] == total and remote["bytes_from_cache"] == 0
             assert f"{total / 1e6:.1f} MB downloaded" in r.stdout
+            # Download rates on the timeline: summed over their intervals,
+            # the bytes downloaded while it ran; and a counter track.
+            tl = report["timeline"]
+            assert tl["meters"] == ["bytes downloaded"]
+            t0, got = 0.0, 0.0
+            for p in tl["points"]:
+                got += p["meter_rates"][0] * (p["t_s"] - t0)
+                t0 = p["t_s"]
+            assert 0 < got <= total * 1.001, (got, total)
+            events = json.loads(trace.read_text())["traceEvents"]
+            assert any(e.get("ph") == "C" and e["name"] == "bytes downloaded" for e in events)
         else:
             assert remote["bytes_downloaded"] == 0 and remote["bytes_from_cache"] == total
         assert remote["retries"] == 0

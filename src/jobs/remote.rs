@@ -169,7 +169,7 @@ impl Localized {
     /// Gives `job` the report's `remote` figures and shows object URLs in
     /// its paths.
     pub fn attach(self, job: &mut super::Job) {
-        job.remote = Some(self.remote);
+        job.set_remote(self.remote);
         let view = self.view;
         job.show_path = Some(Arc::new(move |p: &str| view.to_url(p)));
     }

@@ -239,6 +239,15 @@ impl Job {
         }
     }
 
+    /// Reports `remote`'s downloads: its figures in the report, its bytes
+    /// downloaded per second on the timeline (and the HTML page's plot) and,
+    /// with `--trace`, as a counter track.
+    pub fn set_remote(&mut self, remote: Arc<ferrofeed_stages::remote::Remote>) {
+        self.pipeline
+            .meter("bytes downloaded", remote.downloaded_counter());
+        self.remote = Some(remote);
+    }
+
     /// `path` as the user should see it (see [`Job::show_path`]).
     pub fn show(&self, path: &str) -> String {
         match &self.show_path {

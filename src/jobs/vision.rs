@@ -469,7 +469,9 @@ fn attach_remote(job: &mut Job, opened: Opened) {
             }
         });
     }
-    job.remote = opened.remote;
+    if let Some(remote) = opened.remote {
+        job.set_remote(remote);
+    }
     if let Some(view) = opened.view {
         job.show_path = Some(Arc::new(move |p: &str| view.to_url(p)));
     }

@@ -119,6 +119,9 @@ pub(crate) struct TimelineRec {
     pub(crate) start_ns: u64,
     pub(crate) last_ns: u64,
     pub(crate) last_samples: u64,
+    /// The counters of [`crate::Pipeline::meter`] and what each read at the
+    /// last point.
+    pub(crate) meters: Vec<(std::sync::Arc<AtomicU64>, u64)>,
 }
 
 impl Shared {
@@ -152,11 +155,13 @@ impl Shared {
                     .iter()
                     .map(|seg| pool_label(&stages, seg))
                     .collect(),
+                meters: Vec::new(),
                 points: Vec::new(),
             },
             start_ns: 0,
             last_ns: 0,
             last_samples: 0,
+            meters: Vec::new(),
         };
         let total_workers: usize = segments.iter().map(|s| s.workers).sum();
         let max_workers = segments.iter().map(|s| s.workers).max().unwrap_or(1);
@@ -266,6 +271,16 @@ impl Shared {
             output_queue_fill: out_fill,
             input_queue_fill: fills,
             workers: (0..self.segments.len()).map(|s| self.active(s)).collect(),
+            meter_rates: rec
+                .meters
+                .iter_mut()
+                .map(|(counter, last)| {
+                    let v = counter.load(Ordering::Relaxed);
+                    let rate = v.saturating_sub(*last) as f64 * 1e9 / dt as f64;
+                    *last = v;
+                    rate
+                })
+                .collect(),
         };
         if let Some(sink) = &self.trace {
             let mut fill = serde_json::Map::new();
@@ -280,10 +295,28 @@ impl Shared {
                 "bytes in flight",
                 serde_json::json!({"bytes": point.bytes_in_flight}),
             );
+            for (name, rate) in rec.tl.meters.iter().zip(&point.meter_rates) {
+                sink.counter(ts, name, serde_json::json!({"per_s": rate}));
+            }
         }
         rec.last_ns = now;
         rec.last_samples = collated;
         rec.tl.push(point);
+    }
+
+    /// At the end of an epoch: a point for the interval under way when it
+    /// is at least half an interval long, or when the timeline has none
+    /// (a run shorter than one interval still gets its point).
+    pub(crate) fn close_timeline_interval(&self) {
+        let now = self.t0.elapsed().as_nanos() as u64;
+        let due = {
+            let rec = self.timeline.lock_unpoisoned();
+            let half = (rec.tl.interval_s * 0.5e9) as u64;
+            rec.tl.points.is_empty() || now.saturating_sub(rec.last_ns) >= half
+        };
+        if due {
+            self.sample_timeline();
+        }
     }
 
     /// Starts the timeline afresh from the counters as they are now.
@@ -297,8 +330,19 @@ impl Shared {
         rec.last_samples = self.metrics[self.metrics.len() - 1]
             .samples
             .load(Ordering::Relaxed);
+        for (counter, last) in &mut rec.meters {
+            *last = counter.load(Ordering::Relaxed);
+        }
         self.timeline_next_ns
             .store(now + TIMELINE_EVERY.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds a counter to the timeline (see [`crate::Pipeline::meter`]).
+    pub(crate) fn add_meter(&self, name: String, counter: std::sync::Arc<AtomicU64>) {
+        let mut rec = self.timeline.lock_unpoisoned();
+        let now = counter.load(Ordering::Relaxed);
+        rec.tl.meters.push(name);
+        rec.meters.push((counter, now));
     }
 
     pub(crate) fn active(&self, seg: usize) -> usize {

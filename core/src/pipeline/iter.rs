@@ -371,6 +371,9 @@ impl<'p> EpochIter<'p> {
         self.finished = true;
         self.summary.completed = completed;
         self.summary.seconds = self.start.elapsed().as_secs_f64();
+        if self.pipeline.shared.cfg.recording.metrics {
+            self.pipeline.shared.close_timeline_interval();
+        }
         if let Some(run) = &self.run {
             if !completed {
                 run.cancel.store(true, Ordering::Release);

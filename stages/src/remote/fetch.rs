@@ -103,7 +103,7 @@ struct Busy {
 }
 
 struct Counters {
-    downloaded: AtomicU64,
+    downloaded: Arc<AtomicU64>,
     from_cache: AtomicU64,
     requests: AtomicU64,
     retries: AtomicU64,
@@ -194,7 +194,7 @@ impl Remote {
             }
         })?;
         let counters = Counters {
-            downloaded: AtomicU64::new(0),
+            downloaded: Arc::new(AtomicU64::new(0)),
             from_cache: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             retries: AtomicU64::new(0),
@@ -250,6 +250,12 @@ impl Remote {
     /// The local cache.
     pub fn cache(&self) -> &ObjectCache {
         &self.inner.cache
+    }
+
+    /// The bytes received so far, as a live counter (for
+    /// `Pipeline::meter`: download MB/s on the timeline and in the trace).
+    pub fn downloaded_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.inner.counters.downloaded)
     }
 
     /// Figures so far.
