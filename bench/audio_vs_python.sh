@@ -5,8 +5,12 @@
 # inputs: 40 files of 10–60 s as 16 kHz WAV and as 44.1 kHz FLAC.
 # Every contender makes EPOCHS passes over the files and its best pass counts
 # (a ferrofeed pass lasts ~0.1 s here: one pass alone measures start-up and
-# the machine's noise more than the pipeline). Rounds are interleaved;
-# medians and ratios are printed.
+# the machine's noise more than the pipeline). ferrofeed also runs with
+# `--feature-cache` from an empty cache (epoch 0 fills it, later epochs read
+# it: the later-epoch figure against the best Python contender), and once
+# with one worker for one epoch, whose CPU time per audio second sets the
+# first epoch's ideal rate (CPUS × one worker's stages run in turn).
+# Rounds are interleaved; medians and ratios are printed.
 # Usage: bash bench/audio_vs_python.sh [ROUNDS] [EPOCHS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +36,16 @@ for r in $(seq 1 "$ROUNDS"); do
     D="$OUT/audio-$set"
     "$VENV/bin/python" bench/audio_python.py "$D" --workers "$CPUS" --epochs "$EPOCHS" > "$OUT/audio_py_${set}_$r.json"
     "$FF" audio "$D" --workers "$CPUS" --epochs "$EPOCHS" --quiet --report-json "$OUT/audio_ff_${set}_$r.json" > /dev/null
+    # With the feature cache, from empty: epoch 0 decodes and fills it,
+    # later epochs read it.
+    rm -rf "$OUT/fcache-$set"
+    "$FF" audio "$D" --workers "$CPUS" --epochs "$EPOCHS" --feature-cache "$OUT/fcache-$set" --quiet \
+      --report-json "$OUT/audio_ffc_${set}_$r.json" > /dev/null
+    # One worker, one epoch: the CPU seconds per audio second of the stages
+    # run one after another (the first epoch's pipeline efficiency is the
+    # measured rate over CPUS × this).
+    /usr/bin/time -f "%U %S" -o "$OUT/audio_ff1_${set}_$r.time" "$FF" audio "$D" --workers 1 --epochs 1 \
+      --quiet --report-json "$OUT/audio_ff1_${set}_$r.json" > /dev/null
   done
   echo "round $r done" >&2
 done
@@ -54,4 +68,22 @@ for s in ["wav16k", "flac44k"]:
         best = max(best, v)
         print(f"  {k:<20} {v:9.0f} audio-s/s   ferrofeed = {f / v:.2f}x")
     print(f"  vs the best Python: {f / best:.2f}x")
+    # The feature cache: epoch 0 fills it, epochs 1.. read it.
+    ffc = [json.load(open(f"{out}/audio_ffc_{s}_{r}.json")) for r in range(1, rounds + 1)]
+    rate = lambda x, e: x["audio_seconds"] / len(x["epochs"]) / e["seconds"]
+    c0 = statistics.median(rate(x, x["epochs"][0]) for x in ffc)
+    cl = statistics.median(max(rate(x, e) for e in x["epochs"][1:]) for x in ffc)
+    print(f"  ferrofeed + feature cache: epoch 0 {c0:9.0f} audio-s/s, best later {cl:9.0f} audio-s/s"
+          f" = {cl / best:.1f}x the best Python (target 10x)")
+    # First-epoch efficiency: measured epoch-0 rate (no cache) against
+    # CPUS × the one-worker run's audio seconds per CPU second.
+    one = []
+    for r in range(1, rounds + 1):
+        u, sy = map(float, open(f"{out}/audio_ff1_{s}_{r}.time").read().split()[-2:])
+        one.append(json.load(open(f"{out}/audio_ff1_{s}_{r}.json"))["audio_seconds"] / (u + sy))
+    cpus = len(__import__("os").sched_getaffinity(0))
+    e0 = statistics.median(rate(x, x["epochs"][0]) for x in ff)
+    ideal = cpus * statistics.median(one)
+    print(f"  first epoch {e0:9.0f} audio-s/s against {cpus} CPUs x {statistics.median(one):.0f} audio-s per CPU-s"
+          f" (one worker, stages in turn) = {ideal:.0f}: efficiency {e0 / ideal:.0%} (target 90%)")
 PY

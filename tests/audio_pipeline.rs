@@ -2,6 +2,7 @@
 //! through the library API.
 #![cfg(feature = "audio")]
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ferrofeed::audio::ChunkStream;
 use ferrofeed::audio::Decoded;
@@ -426,4 +427,170 @@ fn the_epoch_length_is_known_from_the_headers() {
         .build()
         .unwrap();
     assert_eq!(p.epoch_hint(0), None);
+}
+
+/// Every chunk an epoch delivers, by (file, first sample): its features'
+/// bits and valid frames; and the batches' count.
+type ChunkMap = std::collections::BTreeMap<(PathBuf, i64), (Vec<u32>, i64)>;
+
+fn chunks_by_file(files: AudioFiles, workers: usize, epoch: u64) -> (ChunkMap, usize, u64) {
+    use ferrofeed::core::{Parallelism, StageOptions};
+    let paths: Vec<PathBuf> = (0..files.segments().len())
+        .map(|s| files.files()[files.file_of(s).unwrap()].clone())
+        .collect();
+    let read = files.samples_read();
+    let p = Pipeline::builder_iterable(files)
+        .stage_with(
+            "f",
+            StageOptions::new().workers(Parallelism::Fixed(workers)),
+            FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+        )
+        .batch_size(3)
+        .shuffle(true)
+        .seed(11)
+        .collate(FeatureCollate::new())
+        .build()
+        .unwrap();
+    let mut out = ChunkMap::new();
+    let mut batches = 0;
+    for b in p.epoch(epoch) {
+        let b = b.unwrap();
+        batches += 1;
+        let f = b.get("features").unwrap();
+        let per = f.shape()[1] * f.shape()[2];
+        let data = f.as_slice::<f32>().unwrap();
+        let starts = b.get("chunk_starts").unwrap().as_slice::<i64>().unwrap();
+        let lengths = b.get("lengths").unwrap().as_slice::<i64>().unwrap();
+        for (row, &i) in b.indices().iter().enumerate() {
+            let path = paths[(i >> ferrofeed::core::STREAM_POSITION_BITS) as usize].clone();
+            let bits = data[row * per..(row + 1) * per]
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let old = out.insert((path, starts[row]), (bits, lengths[row]));
+            assert!(old.is_none(), "a chunk delivered twice");
+        }
+    }
+    (
+        out,
+        batches,
+        read.load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+#[test]
+fn long_files_are_read_as_segments_by_several_workers_with_the_chunks_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = ferrofeed::core::rng::sample_rng(5);
+    // Noise does not compress: each long file is over the 1 MiB threshold.
+    let long_wav = synth::signal("noise", 16_000 * 41 + 123, 16_000, &mut rng);
+    synth::write_wav(&dir.path().join("long.wav"), &[long_wav], 16_000, false).unwrap();
+    let l = synth::signal("noise", 44_100 * 17 + 5, 44_100, &mut rng);
+    let r = synth::signal("chirp", 44_100 * 17 + 5, 44_100, &mut rng);
+    synth::write_flac(&dir.path().join("long.flac"), &[l, r], 44_100).unwrap();
+    let short = synth::signal("tone", 16_000 * 3, 16_000, &mut rng);
+    synth::write_wav(&dir.path().join("short.wav"), &[short], 16_000, false).unwrap();
+    for name in ["long.wav", "long.flac"] {
+        let len = std::fs::metadata(dir.path().join(name)).unwrap().len();
+        assert!(len >= SEGMENT_MIN_BYTES, "{name}: {len} bytes");
+    }
+    let opts = |segment_seconds: f64| StreamOptions {
+        chunk_seconds: 1.0,
+        overlap_seconds: 0.25,
+        chunk_offsets: 3,
+        segment_seconds,
+        ..StreamOptions::default()
+    };
+    let whole = AudioFiles::scan(dir.path(), opts(0.0)).unwrap();
+    assert_eq!(whole.segments().len(), 3, "0: one shard per file");
+    let split = AudioFiles::scan(dir.path(), opts(4.0)).unwrap();
+    let of = |f: &AudioFiles, name: &str| {
+        f.segments()
+            .iter()
+            .filter(|s| f.files()[s.file].ends_with(name))
+            .count()
+    };
+    // 4 s segments of 0.75 s steps: 5 chunks each; 41 s → 55 chunks → 11.
+    assert_eq!(of(&split, "long.wav"), 11);
+    assert!(of(&split, "long.flac") >= 4);
+    assert_eq!(of(&split, "short.wav"), 1, "a short file stays whole");
+    for epoch in 0..2 {
+        let files = AudioFiles::scan(dir.path(), opts(0.0)).unwrap();
+        let (want, _, read) = chunks_by_file(files, 1, epoch);
+        assert!(want.len() > 70);
+        for workers in [1, 3] {
+            let files = AudioFiles::scan(dir.path(), opts(4.0)).unwrap();
+            let (got, batches, got_read) = chunks_by_file(files, workers, epoch);
+            assert_eq!(got.len(), want.len(), "epoch {epoch}, {workers} workers");
+            assert!(
+                got == want,
+                "epoch {epoch}, {workers} workers: a chunk differs from decoding its file whole"
+            );
+            assert_eq!(got_read, read, "every sample counted once");
+            assert_eq!(batches, got.len().div_ceil(3));
+        }
+    }
+    // Through the feature cache, each segment is an entry of its own: the
+    // second epoch reads every one of them, with the same chunks.
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = FeatureCache::open(cache_dir.path(), 1 << 30).unwrap();
+    let split = AudioFiles::scan(dir.path(), opts(4.0)).unwrap();
+    let shards = split.segments().len() as u64;
+    let paths: Vec<PathBuf> = (0..split.segments().len())
+        .map(|s| split.files()[split.file_of(s).unwrap()].clone())
+        .collect();
+    let stage = FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap();
+    let p = Pipeline::builder_iterable(CachedFeatures::new(split, stage, Arc::clone(&cache)))
+        .seed(11)
+        .batch_size(4)
+        .collate(FeatureCollate::new())
+        .build()
+        .unwrap();
+    let files = AudioFiles::scan(dir.path(), opts(0.0)).unwrap();
+    let (want, _, _) = chunks_by_file(files, 1, 0);
+    for epoch in [0, 0] {
+        let mut got = ChunkMap::new();
+        for b in p.epoch(epoch) {
+            let b = b.unwrap();
+            let f = b.get("features").unwrap();
+            let per = f.shape()[1] * f.shape()[2];
+            let data = f.as_slice::<f32>().unwrap();
+            let starts = b.get("chunk_starts").unwrap().as_slice::<i64>().unwrap();
+            let lengths = b.get("lengths").unwrap().as_slice::<i64>().unwrap();
+            for (row, &i) in b.indices().iter().enumerate() {
+                let path = paths[(i >> ferrofeed::core::STREAM_POSITION_BITS) as usize].clone();
+                let bits = data[row * per..(row + 1) * per]
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect();
+                got.insert((path, starts[row]), (bits, lengths[row]));
+            }
+        }
+        assert!(got == want, "the cache gives the chunks of decoding whole");
+    }
+    assert_eq!((cache.misses(), cache.hits()), (shards, shards));
+
+    // The WAV's segments know their lengths from the header, so the epoch
+    // length is known as for whole files.
+    let wav_only = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        dir.path().join("long.wav"),
+        wav_only.path().join("long.wav"),
+    )
+    .unwrap();
+    for epoch in 0..3 {
+        let files = AudioFiles::scan(wav_only.path(), opts(4.0)).unwrap();
+        assert_eq!(files.segments().len(), 11);
+        let p = Pipeline::builder_iterable(files)
+            .stage(
+                "f",
+                FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+            )
+            .batch_size(4)
+            .collate(FeatureCollate::new())
+            .build()
+            .unwrap();
+        let hint = p.epoch_hint(epoch).unwrap();
+        assert_eq!(hint, p.epoch(epoch).count(), "epoch {epoch}");
+    }
 }

@@ -285,8 +285,9 @@ impl Loader {
                         if v.is_none() {
                             continue;
                         }
-                        args.push(format!("--{flag}"));
-                        args.push(flag_value(&key, &v)?);
+                        // One argument, so a negative value is not read
+                        // as a flag.
+                        args.push(format!("--{flag}={}", flag_value(&key, &v)?));
                     }
                 }
             }
@@ -297,7 +298,7 @@ impl Loader {
         // A loader runs as many epochs as it is iterated: unless told how
         // many are planned, the job is set up for more than one (vision's
         // scan index pays from the second epoch on).
-        if !args.iter().any(|a| a == "--epochs") {
+        if !args.iter().any(|a| a.starts_with("--epochs=")) {
             args.push("--epochs".into());
             args.push(u64::MAX.to_string());
         }

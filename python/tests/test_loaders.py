@@ -5,6 +5,7 @@ import json
 import os
 import threading
 import time
+import wave
 
 import numpy as np
 import pytest
@@ -173,6 +174,34 @@ def test_audio_chunk_offsets_move_each_epoch_and_len_follows(audio_dir):
     with pytest.raises(ValueError) as e:
         ferrofeed.audio(audio_dir, chunk_offsets=0)
     assert "chunk-offsets" in str(e.value) or "chunk_offsets" in str(e.value)
+
+
+def test_a_long_audio_file_read_as_segments_gives_the_chunks_of_reading_it_whole(tmp_path):
+    # 40 s of 16 kHz noise: 1.28 MB, over the 1 MiB a file needs to be split.
+    rng = np.random.default_rng(3)
+    pcm = (rng.standard_normal(16000 * 40 + 99) * 6000).clip(-32768, 32767).astype("<i2")
+    with wave.open(str(tmp_path / "long.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+
+    def chunks(**kw):
+        loader = ferrofeed.audio(str(tmp_path), batch_size=4, chunk_seconds=2, workers=2, seed=4,
+                                 chunk_offsets=2, output="numpy", **kw)
+        got = {}
+        for b in loader:
+            for row, start in enumerate(b["chunk_starts"]):
+                got[int(start)] = (b["features"][row].copy(), int(b["lengths"][row]))
+        return got, len(loader)
+
+    whole, _ = chunks(segment_seconds=0)
+    split, n = chunks(segment_seconds=6)
+    assert len(whole) >= 19 and sorted(split) == sorted(whole)
+    assert all(np.array_equal(split[k][0], whole[k][0]) and split[k][1] == whole[k][1] for k in whole)
+    with pytest.raises(ValueError) as e:
+        ferrofeed.audio(str(tmp_path), segment_seconds=-1)
+    assert "segment" in str(e.value)
 
 
 def test_rank_and_world_size_from_torchrun_env(vision_dir, monkeypatch):

@@ -65,6 +65,12 @@ pub struct AudioOpts {
     /// offset has its own entry, so once all K are cached no epoch decodes.
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub chunk_offsets: u32,
+    /// Long files across workers: a WAV or FLAC file of 1 MiB or more
+    /// holding at least two segments is read as segments of about S seconds
+    /// (whole chunks), each sought to and decoded by any worker; the chunks
+    /// equal those of decoding the file whole. 0: each file by one worker.
+    #[arg(long, default_value_t = ferrofeed_audio::DEFAULT_SEGMENT_SECONDS, value_name = "S")]
+    pub segment_seconds: f64,
     /// Features to compute.
     #[arg(long, value_enum, default_value = "logmel")]
     pub features: FeaturesArg,
@@ -213,6 +219,7 @@ fn open(
         chunk_seconds: o.chunk_seconds,
         overlap_seconds: o.overlap_seconds,
         chunk_offsets: o.chunk_offsets,
+        segment_seconds: o.segment_seconds,
         keep_channels: o.channels == ChannelsArg::Keep,
         decode: DecodeOptions {
             non_finite: match o.non_finite {
@@ -287,7 +294,7 @@ fn stage(o: &AudioOpts) -> Result<FeatureStage, CliError> {
 }
 
 /// `index.json` entries of a delivered batch: one per chunk, with its
-/// file's path and its first sample there.
+/// file's path and its first sample there (`files`: each shard's file).
 fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
     let starts = batch
         .get("chunk_starts")
@@ -298,11 +305,11 @@ fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
         .iter()
         .enumerate()
         .map(|(row, &index)| {
-            let file = (index >> STREAM_POSITION_BITS) as usize;
+            let shard = (index >> STREAM_POSITION_BITS) as usize;
             IndexEntry {
                 index,
                 path: files
-                    .get(file)
+                    .get(shard)
                     .map(|p| p.display().to_string())
                     .unwrap_or_default(),
                 label: None,
@@ -330,7 +337,11 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
     let (files, local) = open(&a.path, &a.audio, c.quiet, &c.remote)?;
-    let paths = files.files().to_vec();
+    // Each shard's file (a long file's segments share it).
+    let paths: Vec<PathBuf> = (0..files.segments().len())
+        .filter_map(|s| files.file_of(s).map(|f| files.files()[f].clone()))
+        .collect();
+    let file_count = files.files().len();
     let read = files.samples_read();
     let opts = StageOptions::new().workers(c.workers);
     let cache = feature_cache(&a.audio)?;
@@ -364,7 +375,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
             "audio_seconds_per_s".to_string(),
             json!(audio_s / seconds.max(1e-9)),
         );
-        m.insert("files".to_string(), json!(paths.len()));
+        m.insert("files".to_string(), json!(file_count));
         if let Some(fc) = &cache {
             m.insert("feature_cache_hits".to_string(), json!(fc.hits()));
             m.insert("feature_cache_misses".to_string(), json!(fc.misses()));

@@ -392,17 +392,21 @@ impl IterableSource for CachedFeatures {
     /// the first epochs every offset of a file is cached.
     fn open_at(&self, shard: usize, at: ShardEpoch) -> Result<ShardIter<ChunkFeatures>, BoxError> {
         let offset = self.files.offset_at(shard, at);
-        let path = self
+        let seg = *self
             .files
-            .files()
+            .segments()
             .get(shard)
-            .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?
-            .clone();
-        let key = if offset == 0 {
-            FeatureCache::key(&path, &self.settings)
-        } else {
-            FeatureCache::key(&path, &format!("{} offset {offset}", self.settings))
-        };
+            .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?;
+        let path = self.files.files()[seg.file].clone();
+        let mut settings = self.settings.clone();
+        if offset != 0 {
+            settings.push_str(&format!(" offset {offset}"));
+        }
+        if !seg.is_whole() {
+            // A segment is an entry of its own.
+            settings.push_str(&format!(" chunks {}+{:?}", seg.first, seg.count));
+        }
+        let key = FeatureCache::key(&path, &settings);
         let cache = Arc::clone(&self.cache);
         if let Some(e) = key.as_ref().and_then(|k| cache.read(k)) {
             cache.hits.fetch_add(1, Ordering::Relaxed);
@@ -419,7 +423,8 @@ impl IterableSource for CachedFeatures {
             })));
         }
         cache.misses.fetch_add(1, Ordering::Relaxed);
-        let mut stream = ChunkStream::open_at(&path, self.files.options(), offset)?;
+        let mut stream =
+            ChunkStream::open_segment(&path, self.files.options(), offset, seg.first, seg.count)?;
         let counter = self.files.samples_read();
         let before = Arc::new(AtomicU64::new(0));
         stream.counter = Some(Arc::clone(&before));

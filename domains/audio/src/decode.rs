@@ -22,8 +22,9 @@ use symphonia::core::audio::GenericAudioBufferRef;
 use symphonia::core::codecs::audio::well_known::{CODEC_ID_PCM_F32LE, CODEC_ID_PCM_S16LE};
 use symphonia::core::codecs::audio::{AudioCodecParameters, AudioDecoder, AudioDecoderOptions};
 use symphonia::core::errors::Error as SymError;
+use symphonia::core::errors::SeekErrorKind;
 use symphonia::core::formats::probe::Hint;
-use symphonia::core::formats::{FormatOptions, FormatReader, TrackType};
+use symphonia::core::formats::{FormatOptions, FormatReader, SeekMode, SeekTo, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 
@@ -106,6 +107,13 @@ pub struct Decoded {
     frames: Option<u64>,
     interleaved: Vec<f32>,
     position: u64,
+    /// Frames before this one are decoded but not handed out (after a seek
+    /// that landed on the packet holding it).
+    skip_to: u64,
+    /// The position is taken from the next packet's timestamp (after a seek).
+    resync: bool,
+    /// A seek went past the end: no more blocks.
+    ended: bool,
     sanitized: u64,
     opts: DecodeOptions,
 }
@@ -193,6 +201,9 @@ impl Decoded {
             frames,
             interleaved: Vec::new(),
             position: 0,
+            skip_to: 0,
+            resync: false,
+            ended: false,
             sanitized: 0,
             opts: *opts,
         })
@@ -219,6 +230,64 @@ impl Decoded {
         &self.path
     }
 
+    /// Whether [`seek_to`](Self::seek_to) lands exactly: WAV and FLAC, whose
+    /// packets decode alone (a FLAC frame, a run of PCM frames), so samples
+    /// from a seek equal those of decoding from the start. MP3 and Vorbis
+    /// carry state from packet to packet.
+    pub fn seeks_exactly(&self) -> bool {
+        let ext = self
+            .path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        matches!(ext.as_deref(), Some("wav" | "flac"))
+    }
+
+    /// Moves to frame `frame`: the next block starts there, with the same
+    /// samples decoding from the start gives (see
+    /// [`seeks_exactly`](Self::seeks_exactly)). A frame past the end gives
+    /// no more blocks.
+    pub fn seek_to(&mut self, frame: u64) -> Result<(), AudioError> {
+        if frame == 0 && self.position == 0 {
+            return Ok(());
+        }
+        let to = SeekTo::Timestamp {
+            ts: (frame.min(i64::MAX as u64) as i64).into(),
+            track_id: self.track,
+        };
+        match self.format.seek(SeekMode::Accurate, to) {
+            Ok(seeked) => {
+                self.position = u64::try_from(seeked.actual_ts.get()).unwrap_or(0);
+                self.resync = true;
+            }
+            Err(SymError::SeekError(SeekErrorKind::OutOfRange)) => self.ended = true,
+            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                self.ended = true
+            }
+            Err(e) => {
+                return Err(AudioError::Decode {
+                    path: self.path.clone(),
+                    message: format!("seeking to sample {frame}: {e}"),
+                })
+            }
+        }
+        if self.decoder_in_use() {
+            self.decoder.reset();
+        }
+        self.skip_to = frame;
+        Ok(())
+    }
+
+    /// Decodes on from here but hands out nothing before frame `frame` (for
+    /// a format that cannot seek exactly).
+    pub fn discard_before(&mut self, frame: u64) {
+        self.skip_to = frame;
+    }
+
+    fn decoder_in_use(&self) -> bool {
+        self.pcm.is_none()
+    }
+
     /// The next block of mono samples (channels averaged); `None` at the end.
     pub fn next_block(&mut self) -> Result<Option<Vec<f32>>, AudioError> {
         Ok(self.next_planar(false)?.map(|mut c| c.swap_remove(0)))
@@ -235,6 +304,9 @@ impl Decoded {
             path: self.path.clone(),
             message: m,
         };
+        if self.ended {
+            return Ok(None);
+        }
         loop {
             let packet = match self.format.next_packet() {
                 Ok(Some(p)) => p,
@@ -247,6 +319,11 @@ impl Decoded {
             };
             if packet.track_id != self.track {
                 continue;
+            }
+            if std::mem::take(&mut self.resync) {
+                if let Ok(pts) = u64::try_from(packet.pts.get()) {
+                    self.position = pts;
+                }
             }
             // Only float samples can be NaN or infinite.
             let (ch, float) = match self.pcm {
@@ -301,6 +378,15 @@ impl Decoded {
                     );
                     planes.push(mono);
                 }
+            }
+            if self.position < self.skip_to {
+                // Before the frame sought: not handed out, not checked.
+                let n = planes.first().map_or(0, Vec::len);
+                let drop = ((self.skip_to - self.position) as usize).min(n);
+                for plane in &mut planes {
+                    plane.drain(..drop);
+                }
+                self.position += drop as u64;
             }
             for plane in planes.iter_mut().filter(|_| float) {
                 if let Some(i) = plane.iter().position(|x| !x.is_finite()) {

@@ -39,8 +39,8 @@ pub use features::{
 };
 pub use stage::{ChunkFeatures, FeatureCollate, FeatureStage};
 pub use stream::{
-    AudioChunk, AudioFiles, ChunkSpec, ChunkStream, Chunker, StreamOptions, StreamResampler,
-    AUDIO_EXTENSIONS,
+    AudioChunk, AudioFiles, ChunkSpec, ChunkStream, Chunker, Segment, StreamOptions,
+    StreamResampler, AUDIO_EXTENSIONS, DEFAULT_SEGMENT_SECONDS, SEGMENT_MIN_BYTES,
 };
 
 use std::path::PathBuf;

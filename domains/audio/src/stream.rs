@@ -124,6 +124,8 @@ pub struct Chunker {
     /// The samples before the offset, kept until the first chunk is full.
     head: Vec<f32>,
     emitted: bool,
+    /// Chunks still to hand out, for a segment that ends before its file.
+    remaining: Option<u64>,
 }
 
 impl Chunker {
@@ -153,7 +155,46 @@ impl Chunker {
             skip: offset,
             head: Vec::with_capacity(offset),
             emitted: false,
+            remaining: None,
         }
+    }
+
+    /// A chunker for a segment of a stream: chunks `first ..` of the grid
+    /// at `offset` (`first + count` excluded when `count` is given), fed
+    /// with the stream's samples from chunk `first`'s start on. Its chunks
+    /// equal those a chunker fed the whole stream makes there, the padded
+    /// last one included when the stream ends in the segment.
+    pub fn segment(
+        spec: ChunkSpec,
+        rate: u32,
+        offset: usize,
+        first: u64,
+        count: Option<u64>,
+    ) -> Self {
+        let mut c = Self::with_offset(spec, rate, offset);
+        c.remaining = count;
+        if first > 0 {
+            let (chunk, step) = (c.spec.chunk as u64, c.spec.step() as u64);
+            let start = c.offset as u64 + first * step;
+            c.next_start = start;
+            c.total = start;
+            c.covered = start - step + chunk;
+            c.skip = 0;
+            c.head = Vec::new();
+            c.emitted = true;
+        }
+        c
+    }
+
+    /// Where the first sample pushed must sit in the stream (see
+    /// [`Chunker::segment`]).
+    pub fn first_sample(&self) -> u64 {
+        self.total
+    }
+
+    /// Whether a segment's last chunk is out: later samples are ignored.
+    pub fn complete(&self) -> bool {
+        self.remaining == Some(0)
     }
 
     /// Adds samples; complete chunks are appended to `out`.
@@ -162,6 +203,9 @@ impl Chunker {
     /// full buffer is handed out as the chunk itself (no copy), and the next
     /// one starts with its overlap.
     pub fn push(&mut self, mut samples: &[f32], out: &mut impl Extend<AudioChunk>) {
+        if self.complete() {
+            return;
+        }
         self.total += samples.len() as u64;
         if self.skip > 0 {
             let take = self.skip.min(samples.len());
@@ -192,6 +236,13 @@ impl Chunker {
                 }
                 self.covered = self.next_start + c as u64;
                 self.next_start += step as u64;
+                if let Some(r) = &mut self.remaining {
+                    *r -= 1;
+                    if *r == 0 {
+                        self.buf.clear();
+                        return;
+                    }
+                }
             }
         }
     }
@@ -201,6 +252,9 @@ impl Chunker {
     pub fn finish(&mut self, out: &mut impl Extend<AudioChunk>) -> Result<(), AudioError> {
         if self.total == 0 {
             return Err(AudioError::Config("the file holds no audio samples".into()));
+        }
+        if self.complete() {
+            return Ok(());
         }
         if !self.emitted && self.offset > 0 {
             // Too short for a chunk after the offset: one from the start.
@@ -244,26 +298,50 @@ impl Chunker {
 
 /// A streaming resampler (rubato's FFT resampler) that trims its delay and
 /// returns exactly `ceil(n × out / in)` samples for `n` in.
+///
+/// The FFT resampler works in units of a fixed number of input frames,
+/// counted from the stream's start; a unit's output depends on that unit and
+/// the one before. So [`StreamResampler::starting_at`] can begin mid-stream,
+/// one unit early, and hand out exactly what resampling the whole stream
+/// gives from there on.
 pub struct StreamResampler {
     r: FftFixedIn<f32>,
     pending: Vec<f32>,
-    skip: usize,
+    /// Raw output frames (before trimming the delay) produced so far,
+    /// counted from the stream's start.
+    raw_out: u64,
+    /// Raw output frames below this are not handed out: the delay, plus
+    /// for a resampler started mid-stream everything before its start.
+    skip_until: u64,
     rate_in: u64,
     rate_out: u64,
+    /// Input frames counted from the stream's start.
     n_in: u64,
+    /// Output frames counted from the stream's start.
     n_out: u64,
 }
+
+/// Input chunk and sub-chunks the resampler is built with.
+const RESAMPLE_CHUNK: usize = 8192;
+const RESAMPLE_SUB_CHUNKS: usize = 8;
 
 impl StreamResampler {
     /// From `rate_in` to `rate_out` Hz.
     pub fn new(rate_in: u32, rate_out: u32) -> Result<Self, AudioError> {
-        let r = FftFixedIn::<f32>::new(rate_in as usize, rate_out as usize, 8192, 8, 1)
-            .map_err(|e| AudioError::Config(format!("resampler {rate_in} → {rate_out} Hz: {e}")))?;
-        let skip = r.output_delay();
+        let r = FftFixedIn::<f32>::new(
+            rate_in as usize,
+            rate_out as usize,
+            RESAMPLE_CHUNK,
+            RESAMPLE_SUB_CHUNKS,
+            1,
+        )
+        .map_err(|e| AudioError::Config(format!("resampler {rate_in} → {rate_out} Hz: {e}")))?;
+        let skip_until = r.output_delay() as u64;
         Ok(StreamResampler {
             r,
             pending: Vec::new(),
-            skip,
+            raw_out: 0,
+            skip_until,
             rate_in: u64::from(rate_in),
             rate_out: u64::from(rate_out),
             n_in: 0,
@@ -271,12 +349,51 @@ impl StreamResampler {
         })
     }
 
+    /// Input and output frames per FFT unit (rubato's `FftFixedIn` sizing).
+    fn units(rate_in: u32, rate_out: u32) -> (u64, u64) {
+        let (a, b) = (u64::from(rate_in), u64::from(rate_out));
+        let g = gcd(a, b).max(1);
+        let min_in = (a / g).max(1);
+        let wanted = (RESAMPLE_CHUNK / RESAMPLE_SUB_CHUNKS) as u64;
+        let n = wanted.div_ceil(min_in);
+        (n * a / g, n * b / g)
+    }
+
+    /// A resampler whose first output frame is frame `out_start` of the
+    /// whole stream's output, and the input frame it must be fed from (its
+    /// first input is that frame of the stream): one FFT unit before the
+    /// unit holding `out_start`, or the stream's start.
+    pub fn starting_at(
+        rate_in: u32,
+        rate_out: u32,
+        out_start: u64,
+    ) -> Result<(Self, u64), AudioError> {
+        let mut r = Self::new(rate_in, rate_out)?;
+        let (unit_in, unit_out) = Self::units(rate_in, rate_out);
+        // The unit holding the first frame wanted, after the delay; when the
+        // sizing is not the one expected, the stream's start.
+        let known = unit_in > 0 && unit_out > 0 && unit_out / 2 == r.skip_until;
+        let unit = if known {
+            (out_start + r.skip_until) / unit_out
+        } else {
+            0
+        };
+        let first = unit.saturating_sub(1);
+        r.raw_out = first * unit_out;
+        r.skip_until += out_start;
+        r.n_in = first * unit_in;
+        r.n_out = out_start;
+        let from = r.n_in;
+        Ok((r, from))
+    }
+
     /// Appends `block` once the resampler's delay is trimmed off the front
     /// of the stream; at its end (`tail`), no further than the expected total.
     fn emit(&mut self, mut block: Vec<f32>, out: &mut Vec<f32>, tail: bool) {
-        let s = self.skip.min(block.len());
+        let begin = self.raw_out;
+        self.raw_out += block.len() as u64;
+        let s = (self.skip_until.saturating_sub(begin) as usize).min(block.len());
         block.drain(..s);
-        self.skip -= s;
         let take = if tail {
             let want = self.expected().saturating_sub(self.n_out);
             (block.len() as u64).min(want) as usize
@@ -344,6 +461,20 @@ impl StreamResampler {
     }
 }
 
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Default [`StreamOptions::segment_seconds`].
+pub const DEFAULT_SEGMENT_SECONDS: f64 = 60.0;
+
+/// Files smaller than this are never split into segments (their headers
+/// are not read when the source is made).
+pub const SEGMENT_MIN_BYTES: u64 = 1 << 20;
+
 /// How files become chunks.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamOptions {
@@ -361,6 +492,13 @@ pub struct StreamOptions {
     /// the seed, the epoch and the file ([`AudioFiles::offset_at`]); 1: at
     /// the file's start, every epoch the same chunks.
     pub chunk_offsets: u32,
+    /// Long files across workers: a WAV or FLAC file of at least 1 MiB
+    /// whose header gives at least two segments' worth of chunks is read as
+    /// segments of about this many seconds (whole chunks, at least two),
+    /// each its own shard, sought to and decoded by whichever worker takes
+    /// it; the chunks are those of decoding the file whole. 0: every file
+    /// is one shard.
+    pub segment_seconds: f64,
     /// Decoding options.
     pub decode: DecodeOptions,
 }
@@ -373,6 +511,7 @@ impl Default for StreamOptions {
             overlap_seconds: 0.0,
             keep_channels: false,
             chunk_offsets: 1,
+            segment_seconds: DEFAULT_SEGMENT_SECONDS,
             decode: DecodeOptions::default(),
         }
     }
@@ -396,6 +535,9 @@ pub struct ChunkStream {
     scratch: Vec<f32>,
     done: bool,
     pub(crate) counter: Option<Arc<AtomicU64>>,
+    /// The samples this stream counts as read: from its segment's start to
+    /// the next segment's (the whole file for a whole file).
+    counted: (u64, u64),
 }
 
 impl ChunkStream {
@@ -411,6 +553,21 @@ impl ChunkStream {
         opts: &StreamOptions,
         offset: usize,
     ) -> Result<ChunkStream, AudioError> {
+        Self::open_segment(path, opts, offset, 0, None)
+    }
+
+    /// Chunks `first ..` of `path` (`first + count` excluded when `count` is
+    /// given) on the grid at `offset`: the file is sought near chunk
+    /// `first` and decoded from there, and the chunks equal those of
+    /// decoding it whole (for WAV and FLAC, see [`Decoded::seeks_exactly`];
+    /// other formats are decoded from their start).
+    pub fn open_segment(
+        path: &Path,
+        opts: &StreamOptions,
+        offset: usize,
+        first: u64,
+        count: Option<u64>,
+    ) -> Result<ChunkStream, AudioError> {
         let spec =
             ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
         let decoded = Decoded::open(path, &opts.decode)?;
@@ -424,37 +581,61 @@ impl ChunkStream {
             scratch: Vec::new(),
             done: false,
             counter: None,
+            counted: (0, u64::MAX),
         };
         let n = if s.keep { s.decoded.channels() } else { 1 };
+        let mut from = 0;
         for _ in 0..n {
-            s.add_lane()?;
+            from = s.add_lane(first, count)?;
+        }
+        if first > 0 {
+            let step = spec.step() as u64;
+            let start = s.lanes.first().map_or(0, |l| l.chunker.first_sample());
+            s.counted = (start, count.map_or(u64::MAX, |c| start + c * step));
+            if s.decoded.seeks_exactly() {
+                s.decoded.seek_to(from).map_err(|e| s.named(e))?;
+            } else {
+                s.decoded.discard_before(from);
+            }
+        } else if let Some(c) = count {
+            s.counted = (0, offset as u64 + c * spec.step() as u64);
         }
         Ok(s)
     }
 
-    fn add_lane(&mut self) -> Result<(), AudioError> {
-        let resampler = if self.decoded.sample_rate() == self.rate {
-            None
+    /// A lane for chunks `first ..`; returns the input frame it must be fed
+    /// from.
+    fn add_lane(&mut self, first: u64, count: Option<u64>) -> Result<u64, AudioError> {
+        let chunker = Chunker::segment(self.spec, self.rate, self.offset, first, count);
+        let start = chunker.first_sample();
+        let (resampler, from) = if self.decoded.sample_rate() == self.rate {
+            (None, start)
         } else {
-            Some(StreamResampler::new(self.decoded.sample_rate(), self.rate)?)
+            let (r, from) =
+                StreamResampler::starting_at(self.decoded.sample_rate(), self.rate, start)?;
+            (Some(r), from)
         };
         self.lanes.push(Lane {
             resampler,
-            chunker: Chunker::with_offset(self.spec, self.rate, self.offset),
+            chunker,
             ready: VecDeque::new(),
         });
-        Ok(())
+        Ok(from)
     }
 
-    /// One decoded block through the lanes; errors name the file.
-    fn step(&mut self) -> Result<(), AudioError> {
-        self.advance().map_err(|e| match e {
+    fn named(&self, e: AudioError) -> AudioError {
+        match e {
             AudioError::Config(m) => AudioError::Decode {
                 path: self.decoded.path().to_path_buf(),
                 message: m,
             },
             e => e,
-        })
+        }
+    }
+
+    /// One decoded block through the lanes; errors name the file.
+    fn step(&mut self) -> Result<(), AudioError> {
+        self.advance().map_err(|e| self.named(e))
     }
 
     fn advance(&mut self) -> Result<(), AudioError> {
@@ -482,6 +663,11 @@ impl ChunkStream {
                         None => lane.chunker.push(plane, &mut lane.ready),
                     }
                 }
+                if self.lanes.iter().all(|l| l.chunker.complete()) {
+                    // A segment's last chunk is out: the rest is another's.
+                    self.done = true;
+                    self.count_read();
+                }
             }
             None => {
                 self.done = true;
@@ -493,12 +679,18 @@ impl ChunkStream {
                     }
                     lane.chunker.finish(&mut lane.ready)?;
                 }
-                if let (Some(c), Some(lane)) = (&self.counter, self.lanes.first()) {
-                    c.fetch_add(lane.chunker.total(), Ordering::Relaxed);
-                }
+                self.count_read();
             }
         }
         Ok(())
+    }
+
+    fn count_read(&self) {
+        if let (Some(c), Some(lane)) = (&self.counter, self.lanes.first()) {
+            let (from, to) = self.counted;
+            let n = lane.chunker.total().min(to).saturating_sub(from);
+            c.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// The next chunk when every lane has one (lanes advance in step).
@@ -548,6 +740,27 @@ pub struct AudioFiles {
     /// Each file's sample count (at the target rate) from its header,
     /// looked up once.
     lens: Vec<std::sync::OnceLock<Option<u64>>>,
+    /// The shards: whole files, or runs of a long file's chunks.
+    segments: Vec<Segment>,
+}
+
+/// A shard of [`AudioFiles`]: chunks `first ..` of file `file`, up to
+/// `first + count` (to the file's end when `count` is `None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// The file, by its place in [`AudioFiles::files`].
+    pub file: usize,
+    /// The first chunk.
+    pub first: u64,
+    /// Chunks in the segment; `None`: to the end of the file.
+    pub count: Option<u64>,
+}
+
+impl Segment {
+    /// Whether the segment is its whole file.
+    pub fn is_whole(&self) -> bool {
+        self.first == 0 && self.count.is_none()
+    }
 }
 
 impl AudioFiles {
@@ -591,6 +804,12 @@ impl AudioFiles {
                 spec.step()
             )));
         }
+        if !(opts.segment_seconds.is_finite() && opts.segment_seconds >= 0.0) {
+            return Err(AudioError::Config(format!(
+                "--segment-seconds {} must be a number of seconds, 0 or more",
+                opts.segment_seconds
+            )));
+        }
         if opts.sample_rate == 0 || opts.sample_rate > crate::decode::MAX_SAMPLE_RATE {
             return Err(AudioError::Config(format!(
                 "--sample-rate {} is outside 1 Hz–768 kHz",
@@ -603,12 +822,78 @@ impl AudioFiles {
     /// Exactly `files`, in this order (each one a shard).
     pub fn from_files(files: Vec<PathBuf>, opts: StreamOptions) -> Result<AudioFiles, AudioError> {
         Self::check(&opts)?;
-        Ok(AudioFiles {
+        let mut s = AudioFiles {
             lens: files.iter().map(|_| std::sync::OnceLock::new()).collect(),
+            segments: Vec::with_capacity(files.len()),
             files,
             opts,
             samples: Arc::default(),
-        })
+        };
+        for file in 0..s.files.len() {
+            s.plan(file);
+        }
+        Ok(s)
+    }
+
+    /// Appends file `file`'s shards: whole, or segments when it is long
+    /// (see [`StreamOptions::segment_seconds`]).
+    fn plan(&mut self, file: usize) {
+        let whole = Segment {
+            file,
+            first: 0,
+            count: None,
+        };
+        let per = self.segment_chunks();
+        let chunks = per
+            .and_then(|_| self.files.get(file))
+            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= SEGMENT_MIN_BYTES))
+            .and_then(|p| self.header_samples(p))
+            .and_then(|n| Some(self.spec()?.chunks_at(n, 0)));
+        match (per, chunks) {
+            (Some(per), Some(chunks)) if chunks / per >= 2 => {
+                // The last segment runs to the end: at least `per - 1`
+                // chunks whatever the offset, and whatever the header says.
+                let n = chunks / per;
+                self.segments.extend((0..n).map(|j| Segment {
+                    file,
+                    first: j * per,
+                    count: (j + 1 < n).then_some(per),
+                }));
+            }
+            _ => self.segments.push(whole),
+        }
+    }
+
+    /// Chunks per segment, or `None` when files are not split.
+    fn segment_chunks(&self) -> Option<u64> {
+        let spec = self.spec()?;
+        let secs = self.opts.segment_seconds;
+        if secs <= 0.0 {
+            return None;
+        }
+        let step = spec.step() as f64 / f64::from(self.opts.sample_rate);
+        Some(((secs / step).round() as u64).max(2))
+    }
+
+    /// A WAV or FLAC file's length at the target rate from its header.
+    fn header_samples(&self, path: &Path) -> Option<u64> {
+        let d = crate::decode::Decoded::open(path, &self.opts.decode).ok()?;
+        if !d.seeks_exactly() {
+            return None;
+        }
+        let frames = d.frames_hint().filter(|&f| f > 0)?;
+        let (rin, rout) = (u64::from(d.sample_rate()), u64::from(self.opts.sample_rate));
+        Some((frames * rout).div_ceil(rin.max(1)))
+    }
+
+    /// The shards, in order: whole files and segments of long ones.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// The file shard `shard` reads, by its place in [`files`](Self::files).
+    pub fn file_of(&self, shard: usize) -> Option<usize> {
+        self.segments.get(shard).map(|s| s.file)
     }
 
     /// The files, in shard order.
@@ -657,13 +942,13 @@ impl ChunkSpec {
 }
 
 impl AudioFiles {
-    /// Samples (at the target rate) file `shard` makes, from its header's
+    /// Samples (at the target rate) file `file` makes, from its header's
     /// frame count: WAV only, whose header states the sample count exactly
     /// (`None` for other formats, whose headers can disagree with the
     /// decoded length, or a file that cannot be opened; a truncated WAV
     /// makes it an overestimate).
-    fn samples_of(&self, shard: usize) -> Option<u64> {
-        let path = self.files.get(shard)?;
+    fn samples_of(&self, file: usize) -> Option<u64> {
+        let path = self.files.get(file)?;
         let wav = path
             .extension()
             .and_then(|e| e.to_str())
@@ -690,16 +975,17 @@ impl AudioFiles {
         .ok()
     }
 
-    /// Where file `shard`'s chunk grid starts in the epoch `at`, in samples
+    /// Where shard `shard`'s chunk grid starts in the epoch `at`, in samples
     /// at the target rate: `j × step / K` for `K` = `chunk_offsets` and `j`
-    /// drawn from the seed, the epoch and the shard (0 when `K` is 1).
+    /// drawn from the seed, the epoch and the shard's file (0 when `K` is 1).
     pub fn offset_at(&self, shard: usize, at: ShardEpoch) -> usize {
         let k = u64::from(self.opts.chunk_offsets.max(1));
-        let Some(spec) = self.spec().filter(|_| k > 1) else {
+        let (Some(spec), Some(file)) = (self.spec().filter(|_| k > 1), self.file_of(shard)) else {
             return 0;
         };
+        // Drawn per file: every segment of a file shares its grid.
         let j =
-            ferrofeed_core::rng::derive_seed(&[at.seed, at.epoch, shard as u64, 0x4f46_4653]) % k;
+            ferrofeed_core::rng::derive_seed(&[at.seed, at.epoch, file as u64, 0x4f46_4653]) % k;
         (j * spec.step() as u64 / k) as usize
     }
 }
@@ -710,27 +996,32 @@ impl IterableSource for AudioFiles {
         self.shard_len_at(shard, ShardEpoch::default())
     }
     fn shard_len_at(&self, shard: usize, at: ShardEpoch) -> Option<u64> {
-        let cell = self.lens.get(shard)?;
-        let samples = (*cell.get_or_init(|| self.samples_of(shard)))?;
-        Some(self.spec()?.chunks_at(samples, self.offset_at(shard, at)))
+        let seg = *self.segments.get(shard)?;
+        let cell = self.lens.get(seg.file)?;
+        let samples = (*cell.get_or_init(|| self.samples_of(seg.file)))?;
+        let all = self.spec()?.chunks_at(samples, self.offset_at(shard, at));
+        let rest = all.saturating_sub(seg.first);
+        Some(seg.count.map_or(rest, |c| rest.min(c)))
     }
     fn num_shards(&self) -> usize {
-        self.files.len()
+        self.segments.len()
     }
     fn shard_key(&self, shard: usize) -> String {
-        self.files
-            .get(shard)
+        self.file_of(shard)
+            .and_then(|f| self.files.get(f))
             .map_or_else(String::new, |p| p.display().to_string())
     }
     fn open(&self, shard: usize) -> Result<ShardIter<AudioChunk>, BoxError> {
         self.open_at(shard, ShardEpoch::default())
     }
     fn open_at(&self, shard: usize, at: ShardEpoch) -> Result<ShardIter<AudioChunk>, BoxError> {
-        let path = self
-            .files
+        let seg = *self
+            .segments
             .get(shard)
             .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?;
-        let mut s = ChunkStream::open_at(path, &self.opts, self.offset_at(shard, at))?;
+        let path = &self.files[seg.file];
+        let offset = self.offset_at(shard, at);
+        let mut s = ChunkStream::open_segment(path, &self.opts, offset, seg.first, seg.count)?;
         s.counter = Some(Arc::clone(&self.samples));
         Ok(Box::new(s.map(|r| r.map_err(BoxError::from))))
     }
@@ -858,6 +1149,100 @@ mod tests {
         let got = chunks(5, zero, 2);
         assert_eq!(got.len(), 5);
         assert!(got.iter().all(|c| c.samples.len() == 1 && c.valid == 1));
+    }
+
+    /// Chunks of `path` read as segments of `per` chunks (the last one to
+    /// the end), and the samples they count as read.
+    fn by_segments(
+        path: &Path,
+        opts: &StreamOptions,
+        offset: usize,
+        per: u64,
+        segments: u64,
+    ) -> (Vec<AudioChunk>, u64) {
+        let counter = Arc::new(AtomicU64::new(0));
+        let mut out = Vec::new();
+        for j in 0..segments {
+            let count = (j + 1 < segments).then_some(per);
+            let mut s = ChunkStream::open_segment(path, opts, offset, j * per, count).unwrap();
+            s.counter = Some(Arc::clone(&counter));
+            let got: Vec<AudioChunk> = s.map(Result::unwrap).collect();
+            if let Some(c) = count {
+                assert!(got.len() as u64 <= c);
+            }
+            out.extend(got);
+        }
+        (out, counter.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn segments_of_a_file_give_the_chunks_of_decoding_it_whole() {
+        use crate::synth::{write_flac, write_wav};
+        let dir = tempfile::tempdir().unwrap();
+        let tone = |n: usize, rate: u32, f: f64| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    let t = i as f64 / f64::from(rate);
+                    (0.6 * (2.0 * std::f64::consts::PI * f * t).sin()
+                        + 0.2 * (2.0 * std::f64::consts::PI * 3.1 * f * t * t).sin())
+                        as f32
+                })
+                .collect()
+        };
+        let cases: Vec<(&str, u32, usize, bool)> = vec![
+            ("mono16k.wav", 16_000, 1, false),
+            ("mono44k.flac", 44_100, 1, false),
+            ("stereo48k.flac", 48_000, 2, true),
+            ("float22k.wav", 22_050, 1, false),
+        ];
+        for (name, rate, channels, keep) in cases {
+            let path = dir.path().join(name);
+            let n = rate as usize * 23 + 777;
+            let chans: Vec<Vec<f32>> = (0..channels)
+                .map(|c| tone(n, rate, 220.0 * (c + 1) as f64))
+                .collect();
+            if name.ends_with(".flac") {
+                write_flac(&path, &chans, rate).unwrap();
+            } else {
+                write_wav(&path, &chans, rate, name.starts_with("float")).unwrap();
+            }
+            for (chunk, overlap, offset) in [(1.0, 0.0, 0), (1.5, 0.25, 0), (1.0, 0.0, 4321)] {
+                let opts = StreamOptions {
+                    chunk_seconds: chunk,
+                    overlap_seconds: overlap,
+                    keep_channels: keep,
+                    ..StreamOptions::default()
+                };
+                let whole_counter = Arc::new(AtomicU64::new(0));
+                let mut w = ChunkStream::open_at(&path, &opts, offset).unwrap();
+                w.counter = Some(Arc::clone(&whole_counter));
+                let whole: Vec<AudioChunk> = w.map(Result::unwrap).collect();
+                let read = whole_counter.load(Ordering::Relaxed);
+                assert!(whole.len() > 10, "{name}");
+                for per in [1u64, 3, 7] {
+                    let segments = (whole.len() as u64 / per).max(1);
+                    let (got, counted) = by_segments(&path, &opts, offset, per, segments);
+                    assert_eq!(
+                        got.len(),
+                        whole.len(),
+                        "{name} {chunk} {overlap} {offset} per {per}"
+                    );
+                    for (k, (g, w)) in got.iter().zip(&whole).enumerate() {
+                        assert!(
+                            g == w,
+                            "{name} chunk {k} differs (per {per}, chunk {chunk} s, overlap {overlap} s, offset {offset})"
+                        );
+                    }
+                    assert_eq!(counted, read, "{name}: every sample counted once");
+                }
+                // A segment past the end is empty, not an error.
+                let past =
+                    ChunkStream::open_segment(&path, &opts, offset, whole.len() as u64 + 5, None)
+                        .unwrap()
+                        .count();
+                assert_eq!(past, 0, "{name}");
+            }
+        }
     }
 
     #[test]
