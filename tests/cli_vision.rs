@@ -866,3 +866,74 @@ fn report_html_is_one_self_contained_page() {
         .unwrap();
     assert!(points.split(' ').count() >= 2, "{points}");
 }
+
+#[test]
+fn the_image_cache_on_disk_gives_the_batches_of_the_ram_cache_and_serves_later_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    make_dataset(&data, 10, 6);
+    let store = d.path().join("image-cache");
+    let dump = |name: &str, extra: &[&str]| {
+        let report = d.path().join(format!("{name}.json"));
+        let mut args = vec![
+            "--epochs",
+            "2",
+            "--batch-size",
+            "5",
+            "--seed",
+            "3",
+            "--report-json",
+            report.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = dump_to(&data, d.path().join(name), &args);
+        let batches = (0..4)
+            .map(|b| std::fs::read(out.join(format!("images_{b:06}.npy"))).unwrap())
+            .collect::<Vec<_>>();
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        (batches, r)
+    };
+    let disk = ["--image-cache", store.to_str().unwrap()];
+    // The RAM cache decodes whole images and crops them, as the disk cache does.
+    let (ram, _) = dump("ram", &["--cache-bytes", "1GiB"]);
+    let (first, r1) = dump("first", &disk);
+    assert!(first == ram, "the disk cache changes no batch");
+    // Epoch 0 misses and writes every image; epoch 1 reads them all.
+    assert_eq!(r1["image_cache_misses"], 10, "{r1}");
+    assert_eq!(r1["image_cache_hits"], 10, "{r1}");
+    assert!(r1["image_cache_bytes_written"].as_u64().unwrap() > 10 * 100_000);
+    // A later run decodes nothing; a damaged entry is decoded again.
+    let entries: Vec<PathBuf> = walk(&store);
+    assert_eq!(entries.len(), 10);
+    std::fs::write(&entries[0], b"FFIC truncated").unwrap();
+    let (second, r2) = dump("second", &disk);
+    assert!(second == ram);
+    assert_eq!(r2["image_cache_misses"], 1, "{r2}");
+    assert_eq!(r2["image_cache_hits"], 19, "{r2}");
+    // A cap below one image stores nothing and changes nothing.
+    let small = d.path().join("small");
+    let (capped, r3) = dump(
+        "capped",
+        &[
+            "--image-cache",
+            small.to_str().unwrap(),
+            "--image-cache-size",
+            "1KiB",
+        ],
+    );
+    assert!(capped == ram);
+    assert_eq!(r3["image_cache_hits"], 0, "{r3}");
+    // A file where the folder should be is refused up front, naming it.
+    let file = d.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let out = run(&[
+        "vision",
+        data.to_str().unwrap(),
+        "--image-cache",
+        file.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--image-cache"));
+}

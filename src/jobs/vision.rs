@@ -50,6 +50,15 @@ pub struct VisionOpts {
     /// later epochs skip decoding.
     #[arg(long, value_parser = super::parse_size, value_name = "SIZE")]
     pub cache_bytes: Option<usize>,
+    /// Keep decoded images on disk in this folder, keyed by the encoded
+    /// bytes and the decode settings (for datasets larger than RAM): later
+    /// epochs and runs read pixels instead of decoding. Atomic writes,
+    /// checked entries, shared by processes; `--cache-bytes` sits in front.
+    #[arg(long, value_name = "DIR")]
+    pub image_cache: Option<PathBuf>,
+    /// Cap on the image cache folder; least recently used entries go.
+    #[arg(long, value_parser = super::parse_size, value_name = "SIZE", default_value = "16GiB")]
+    pub image_cache_size: usize,
     /// Byte cap of the scan index (where each JPEG's MCUs start, ~9 KB per
     /// 500×375 image), which from the second epoch on lets a crop decode
     /// only its own part of the image; 0 turns it off. Default: 1/16 of the
@@ -287,6 +296,18 @@ fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, C
 }
 
 /// The decoder settings the vision flags ask for.
+/// The on-disk image cache the flags ask for.
+fn image_cache(
+    opts: &VisionOpts,
+) -> Result<Option<Arc<ferrofeed_vision::ImageDiskCache>>, CliError> {
+    match &opts.image_cache {
+        None => Ok(None),
+        Some(dir) => ferrofeed_vision::ImageDiskCache::open(dir, opts.image_cache_size as u64)
+            .map(Some)
+            .map_err(|e| CliError::Usage(format!("--image-cache {}: {e}", dir.display()))),
+    }
+}
+
 fn decode_options(opts: &VisionOpts) -> DecodeOptions {
     DecodeOptions {
         max_pixels: opts.max_pixels,
@@ -387,6 +408,7 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         transform,
         decode: decode_options(&a.vision),
         cache: a.vision.cache_bytes.map(ImageCache::new),
+        disk: image_cache(&a.vision)?,
         seek: None,
     };
     let c = &a.common;
@@ -417,6 +439,7 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     if let Some(path) = &c.trace {
         std::fs::write(path, b"").map_err(CliError::io(path))?;
     }
+    let disk = stage.disk.clone();
     let run_transform = stage.transform;
     let b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
@@ -441,6 +464,15 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
             // Decodes that found every mark they needed / that parsed some.
             m.insert("scan_index_hits".to_string(), json!(s.hits()));
             m.insert("scan_index_misses".to_string(), json!(s.misses()));
+        }
+        if let Some(d) = &disk {
+            m.insert("image_cache_hits".to_string(), json!(d.hits()));
+            m.insert("image_cache_misses".to_string(), json!(d.misses()));
+            m.insert("image_cache_bytes_read".to_string(), json!(d.bytes_read()));
+            m.insert(
+                "image_cache_bytes_written".to_string(),
+                json!(d.bytes_written()),
+            );
         }
         m
     };
@@ -487,6 +519,7 @@ fn stage_images(
         transform,
         decode,
         cache: None,
+        disk: None,
         seek: None,
     };
     let Ok(pipeline) = builder_for(ds, stage, Parallelism::Fixed(1))
@@ -530,6 +563,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
         transform,
         decode: decode_options(&a.vision),
         cache: None,
+        disk: None,
         seek: None,
     };
     let pipeline = builder_for(&ds, stage, Parallelism::Fixed(1))

@@ -19,6 +19,7 @@ fn run(mode: &str, files: &[Vec<u8>]) -> f64 {
             ..Default::default()
         },
         cache: None,
+        disk: None,
         seek: None,
     };
     // Through a scan index: `train-seek` times a first pass, which fills

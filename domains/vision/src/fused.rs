@@ -19,6 +19,7 @@ use rand::Rng;
 
 use crate::cache::ImageCache;
 use crate::decode::{decode, DecodeOptions};
+use crate::disk_cache::ImageDiskCache;
 use crate::image::Image;
 use crate::jpeg::{Layout, ScanIndex};
 use crate::libjpeg::{RegionInfo, Request};
@@ -42,6 +43,9 @@ pub struct DecodeTransform {
     pub decode: DecodeOptions,
     /// Decoded images kept across epochs.
     pub cache: Option<Arc<ImageCache>>,
+    /// Decoded images kept on disk across epochs and runs (behind `cache`
+    /// when both are set).
+    pub disk: Option<Arc<ImageDiskCache>>,
     /// Where each JPEG's MCUs start, kept across epochs (by the sample's
     /// dataset index) so a crop decodes only its own MCUs (see
     /// [`crate::jpeg`]); `None` decodes from the top every time. The first
@@ -61,6 +65,7 @@ impl DecodeTransform {
             transform,
             decode: DecodeOptions::default(),
             cache: None,
+            disk: None,
             seek: Some(ScanIndex::new(DEFAULT_SEEK_BYTES)),
         }
     }
@@ -68,6 +73,12 @@ impl DecodeTransform {
     /// Keeps decoded images in `cache`.
     pub fn with_cache(mut self, cache: Arc<ImageCache>) -> Self {
         self.cache = Some(cache);
+        self
+    }
+
+    /// Keeps decoded images on disk in `disk`.
+    pub fn with_disk_cache(mut self, disk: Arc<ImageDiskCache>) -> Self {
+        self.disk = Some(disk);
         self
     }
 
@@ -83,12 +94,27 @@ impl DecodeTransform {
         let img = match cache.get(index) {
             Some(img) => img,
             None => {
-                let img = Arc::new(decode(bytes, &self.decode)?);
+                let img = Arc::new(self.decode_through_disk(bytes)?);
                 cache.insert(index, Arc::clone(&img));
                 img
             }
         };
         Ok(self.transform.apply_ref(&img, rng)?)
+    }
+
+    /// The decoded image: from the disk cache when it holds it, else
+    /// decoded (and stored there).
+    fn decode_through_disk(&self, bytes: &[u8]) -> Result<Image, BoxError> {
+        let Some(disk) = &self.disk else {
+            return Ok(decode(bytes, &self.decode)?);
+        };
+        let key = disk.key(bytes, &format!("{:?}", self.decode));
+        if let Some(img) = disk.get(&key) {
+            return Ok(img);
+        }
+        let img = decode(bytes, &self.decode)?;
+        disk.put(&key, &img);
+        Ok(img)
     }
     /// Runs the stage outside a pipeline: the fused path when it applies,
     /// else decode then transform. Both carry out one [`Transform::plan`],
@@ -333,9 +359,13 @@ impl Stage for DecodeTransform {
     type In = Bytes;
     type Out = Image;
     fn process(&self, bytes: Bytes, ctx: &StageCtx) -> Result<Image, BoxError> {
-        match &self.cache {
-            Some(cache) => self.run_cached(cache, ctx.index(), &bytes, &mut ctx.rng()),
-            None => self.run_keyed(&bytes, Some(ctx.index()), &mut ctx.rng()),
+        match (&self.cache, &self.disk) {
+            (Some(cache), _) => self.run_cached(cache, ctx.index(), &bytes, &mut ctx.rng()),
+            (None, Some(_)) => {
+                let img = self.decode_through_disk(&bytes)?;
+                Ok(self.transform.apply_ref(&img, &mut ctx.rng())?)
+            }
+            (None, None) => self.run_keyed(&bytes, Some(ctx.index()), &mut ctx.rng()),
         }
     }
 }

@@ -30,6 +30,7 @@
 
 mod cache;
 mod decode;
+mod disk_cache;
 mod fused;
 mod image;
 pub mod jpeg;
@@ -43,6 +44,7 @@ pub use decode::{
     decode, jpeg_header, jpeg_orientation, orient, peek_dimensions, Backend, DecodeError,
     DecodeOptions, JpegHeader,
 };
+pub use disk_cache::ImageDiskCache;
 pub use fused::{DecodeTransform, DEFAULT_SEEK_BYTES};
 pub use image::{Image, NormalizedImage};
 pub use transform::{

@@ -150,6 +150,7 @@ fn assert_eval_matches(name: &str, min_db: f64) {
                 ..Default::default()
             },
             cache: None,
+            disk: None,
             seek: None,
         };
         let mut rng = sample_rng(0);

@@ -1,0 +1,320 @@
+//! Decoded images on disk, for datasets larger than RAM: later epochs and
+//! later runs read pixels instead of decoding JPEGs.
+//!
+//! An entry is keyed by a 128-bit hash of the encoded bytes and the decode
+//! settings, so a file that changes (or a different setting) is a new
+//! entry, whatever its path, and tar members and downloaded objects are
+//! keyed alike. Entries are written to a temporary file and renamed whole,
+//! so several processes sharing the folder never read a half-written entry
+//! (two filling the same entry write the same bytes; the last rename
+//! wins). Each entry carries its key and a CRC of its pixels: a truncated,
+//! corrupt or foreign entry is removed and the image decoded again, never
+//! served. Least recently used entries go first once the folder passes its
+//! cap. A folder that cannot be written leaves the cache off, said once.
+//!
+//! ```
+//! use ferrofeed_vision::{Image, ImageDiskCache};
+//! let dir = tempfile::tempdir().unwrap();
+//! let cache = ImageDiskCache::open(dir.path(), 1 << 20).unwrap();
+//! let key = cache.key(b"the encoded bytes", "settings");
+//! assert!(cache.get(&key).is_none());
+//! let img = Image::new(2, 1, vec![1, 2, 3, 4, 5, 6]).unwrap();
+//! cache.put(&key, &img);
+//! assert_eq!(cache.get(&key).unwrap().data, img.data);
+//! assert_eq!((cache.hits(), cache.misses()), (1, 1));
+//! ```
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::image::Image;
+
+const MAGIC: &[u8; 4] = b"FFIC";
+const VERSION: u32 = 1;
+/// Magic, version, key, width, height, CRC.
+const HEADER: usize = 4 + 4 + 16 + 4 + 4 + 4;
+
+/// A folder of decoded images with a byte cap.
+#[derive(Debug)]
+pub struct ImageDiskCache {
+    dir: PathBuf,
+    max_bytes: u64,
+    /// This process's estimate of the folder's bytes (a rescan before
+    /// evicting finds the truth, other processes' entries included).
+    bytes: AtomicU64,
+    unwritable: AtomicBool,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+impl ImageDiskCache {
+    /// Opens (creating) `dir`, capped at `max_bytes`.
+    pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Arc<ImageDiskCache>> {
+        std::fs::create_dir_all(dir)?;
+        if !dir.is_dir() {
+            return Err(std::io::Error::other("not a folder"));
+        }
+        let c = ImageDiskCache {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            bytes: AtomicU64::new(0),
+            unwritable: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+        };
+        let now: u64 = c.entries().iter().map(|e| e.1).sum();
+        c.bytes.store(now, Ordering::Relaxed);
+        Ok(Arc::new(c))
+    }
+
+    /// The key of an image encoded as `encoded`, decoded under `settings`.
+    pub fn key(&self, encoded: &[u8], settings: &str) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        for (i, salt) in [0x6966_6361u64, 0x6b65_7931].into_iter().enumerate() {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, encoded, settings, VERSION).hash(&mut h);
+            out[i * 8..(i + 1) * 8].copy_from_slice(&h.finish().to_le_bytes());
+        }
+        out
+    }
+
+    fn entry(&self, key: &[u8; 16]) -> PathBuf {
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        self.dir.join(format!("{hex}.ffic"))
+    }
+
+    /// The image stored under `key`, checked whole; `None` (a miss) when
+    /// missing, truncated, corrupt or made for another key — such an entry
+    /// is removed.
+    pub fn get(&self, key: &[u8; 16]) -> Option<Image> {
+        let path = self.entry(key);
+        let got = std::fs::read(&path).ok().and_then(|b| {
+            let img = parse(&b, key);
+            if img.is_none() {
+                let _ = std::fs::remove_file(&path);
+            }
+            img.map(|i| (i, b.len()))
+        });
+        match got {
+            Some((img, n)) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                // Recently used: eviction removes the oldest first.
+                if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                Some(img)
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Stores `img` under `key` (temporary file, then rename); then evicts
+    /// least recently used entries past the cap. An image larger than the
+    /// cap is not stored. A write that fails turns the cache off, said once.
+    pub fn put(&self, key: &[u8; 16], img: &Image) {
+        let size = (HEADER + img.data.len()) as u64;
+        if self.unwritable.load(Ordering::Relaxed) || size > self.max_bytes {
+            return;
+        }
+        let dest = self.entry(key);
+        let tmp = self.dir.join(format!(
+            ".{}.{}.{:?}.tmp",
+            dest.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(MAGIC)?;
+            f.write_all(&VERSION.to_le_bytes())?;
+            f.write_all(key)?;
+            f.write_all(&img.width.to_le_bytes())?;
+            f.write_all(&img.height.to_le_bytes())?;
+            f.write_all(&crc32fast::hash(&img.data).to_le_bytes())?;
+            f.write_all(&img.data)?;
+            f.flush()?;
+            drop(f);
+            std::fs::rename(&tmp, &dest)
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            if !self.unwritable.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "image cache {}: {e}; running without it",
+                    self.dir.display()
+                );
+            }
+            return;
+        }
+        self.bytes_written.fetch_add(size, Ordering::Relaxed);
+        if self.bytes.fetch_add(size, Ordering::Relaxed) + size > self.max_bytes {
+            self.evict(&dest);
+        }
+    }
+
+    /// Entries with their sizes and last use.
+    fn entries(&self) -> Vec<(PathBuf, u64, SystemTime)> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        rd.filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "ffic"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((e.path(), m.len(), m.modified().ok()?))
+            })
+            .collect()
+    }
+
+    /// Removes the least recently used entries (never `keep`) until the
+    /// folder fits the cap.
+    fn evict(&self, keep: &Path) {
+        let mut all = self.entries();
+        let mut total: u64 = all.iter().map(|e| e.1).sum();
+        all.sort_by_key(|e| e.2);
+        for (path, len, _) in all {
+            if total <= self.max_bytes {
+                break;
+            }
+            if path != keep && std::fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
+        }
+        self.bytes.store(total, Ordering::Relaxed);
+    }
+
+    /// Entries found valid.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+    /// Lookups that found no valid entry.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+    /// Bytes of entries read.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+    /// Bytes of entries written.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written.load(Ordering::Relaxed)
+    }
+    /// The folder's bytes (this process's estimate).
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// The image in entry bytes `b`, if they are whole and made for `key`.
+fn parse(b: &[u8], key: &[u8; 16]) -> Option<Image> {
+    if b.get(..4)? != MAGIC || u32_at(b, 4)? != VERSION || b.get(8..24)? != key {
+        return None;
+    }
+    let (w, h, crc) = (u32_at(b, 24)?, u32_at(b, 28)?, u32_at(b, 32)?);
+    let n = (w as usize).checked_mul(h as usize)?.checked_mul(3)?;
+    let pixels = b.get(HEADER..)?;
+    if pixels.len() != n || crc32fast::hash(pixels) != crc {
+        return None;
+    }
+    Image::new(w, h, pixels.to_vec()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn img(seed: u8, w: u32, h: u32) -> Image {
+        let data = (0..w * h * 3)
+            .map(|i| (i as u8).wrapping_mul(seed))
+            .collect();
+        Image::new(w, h, data).unwrap()
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_entry_is_a_miss_and_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ImageDiskCache::open(dir.path(), 1 << 20).unwrap();
+        let (k1, k2) = (c.key(b"one", "s"), c.key(b"two", "s"));
+        assert_ne!(k1, c.key(b"one", "other settings"));
+        let a = img(3, 8, 5);
+        c.put(&k1, &a);
+        assert_eq!(c.get(&k1).unwrap().data, a.data);
+        let path = c.entry(&k1);
+        let whole = std::fs::read(&path).unwrap();
+        // Truncated, a flipped pixel, another key's entry under this name.
+        let mut flipped = whole.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let mut foreign = whole.clone();
+        foreign[8..24].copy_from_slice(&k2);
+        for bad in [
+            whole[..whole.len() - 1].to_vec(),
+            flipped,
+            foreign,
+            Vec::new(),
+        ] {
+            std::fs::write(&path, &bad).unwrap();
+            assert!(c.get(&k1).is_none());
+            assert!(!path.exists(), "a bad entry is removed");
+        }
+        // Nothing half-written is left behind.
+        c.put(&k1, &a);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn eviction_keeps_the_cap_and_the_recently_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = (HEADER + 10 * 10 * 3) as u64;
+        let c = ImageDiskCache::open(dir.path(), 3 * one).unwrap();
+        let keys: Vec<[u8; 16]> = (0..5u8).map(|i| c.key(&[i], "s")).collect();
+        for (i, k) in keys.iter().enumerate().take(3) {
+            c.put(k, &img(i as u8 + 1, 10, 10));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(c.get(&keys[0]).is_some(), "0 is now the most recent");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        c.put(&keys[3], &img(9, 10, 10));
+        let total: u64 = c.entries().iter().map(|e| e.1).sum();
+        assert!(total <= 3 * one);
+        assert!(c.get(&keys[1]).is_none(), "the least recently used went");
+        assert!(c.get(&keys[0]).is_some() && c.get(&keys[3]).is_some());
+        // Larger than the whole cap: not stored.
+        c.put(&keys[4], &img(1, 40, 40));
+        assert!(c.get(&keys[4]).is_none());
+    }
+
+    #[test]
+    fn a_folder_that_cannot_be_written_leaves_the_cache_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("cache");
+        let c = ImageDiskCache::open(&at, 1 << 20).unwrap();
+        // The folder is replaced by a file: every write fails.
+        std::fs::remove_dir(&at).unwrap();
+        std::fs::write(&at, b"not a folder").unwrap();
+        let k = c.key(b"x", "s");
+        c.put(&k, &img(1, 4, 4));
+        assert!(c.unwritable.load(Ordering::Relaxed));
+        assert!(c.get(&k).is_none());
+        assert_eq!(c.bytes_written(), 0);
+        assert!(
+            ImageDiskCache::open(&at, 1 << 20).is_err(),
+            "a file is no folder"
+        );
+    }
+}
