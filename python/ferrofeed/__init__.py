@@ -163,7 +163,8 @@ def vision(path: Optional[PathLike] = None, **options: Any) -> Loader:
     dataset. Options: the flags of ``ferrofeed
     vision`` (``batch_size``, ``transform``, ``size``, ``resize``, ``seed``,
     ``shuffle``, ``workers``, ``max_bytes_in_flight``, ``on_error``, ``rank``,
-    ``world_size``, ``drop_last``, ``cache_bytes``, …; ``epochs`` is the
+    ``world_size``, ``drop_last``, ``cache_bytes``, ``image_cache`` and
+    ``image_cache_size`` (decoded images on disk), …; ``epochs`` is the
     number of epochs planned: with 1 the scan index, which pays from the
     second epoch, is off) plus ``output``
     (``"torch"``/``"numpy"``), ``pin_memory`` (``"auto"``/True/False) and
@@ -183,7 +184,9 @@ def audio(path: Optional[PathLike] = None, **options: Any) -> Loader:
     """The audio pipeline: a folder of audio files, or a URL prefix holding
     them (``None``: the embedded dataset). Options: the flags of ``ferrofeed audio`` (``batch_size``,
     ``sample_rate``, ``chunk_seconds``, ``overlap_seconds``, ``features``,
-    ``n_fft``, ``hop``, ``n_mels``, …) plus ``output`` and ``device``."""
+    ``n_fft``, ``hop``, ``n_mels``, ``feature_cache``, ``chunk_offsets``,
+    ``segment_seconds`` (long files read as segments by several workers), …)
+    plus ``output`` and ``device``."""
     return Loader("audio", path, **options)
 
 
