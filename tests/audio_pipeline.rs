@@ -433,24 +433,9 @@ fn the_epoch_length_is_known_from_the_headers() {
 /// bits and valid frames; and the batches' count.
 type ChunkMap = std::collections::BTreeMap<(PathBuf, i64), (Vec<u32>, i64)>;
 
-fn chunks_by_file(files: AudioFiles, workers: usize, epoch: u64) -> (ChunkMap, usize, u64) {
-    use ferrofeed::core::{Parallelism, StageOptions};
-    let paths: Vec<PathBuf> = (0..files.segments().len())
-        .map(|s| files.files()[files.file_of(s).unwrap()].clone())
-        .collect();
-    let read = files.samples_read();
-    let p = Pipeline::builder_iterable(files)
-        .stage_with(
-            "f",
-            StageOptions::new().workers(Parallelism::Fixed(workers)),
-            FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
-        )
-        .batch_size(3)
-        .shuffle(true)
-        .seed(11)
-        .collate(FeatureCollate::new())
-        .build()
-        .unwrap();
+/// Epoch `epoch` of `p` as a [`ChunkMap`] (`paths`: each shard's file),
+/// and its batches' count; a chunk delivered twice fails.
+fn epoch_chunks(p: &Pipeline, epoch: u64, paths: &[PathBuf]) -> (ChunkMap, usize) {
     let mut out = ChunkMap::new();
     let mut batches = 0;
     for b in p.epoch(epoch) {
@@ -471,6 +456,28 @@ fn chunks_by_file(files: AudioFiles, workers: usize, epoch: u64) -> (ChunkMap, u
             assert!(old.is_none(), "a chunk delivered twice");
         }
     }
+    (out, batches)
+}
+
+fn chunks_by_file(files: AudioFiles, workers: usize, epoch: u64) -> (ChunkMap, usize, u64) {
+    use ferrofeed::core::{Parallelism, StageOptions};
+    let paths: Vec<PathBuf> = (0..files.segments().len())
+        .map(|s| files.files()[files.file_of(s).unwrap()].clone())
+        .collect();
+    let read = files.samples_read();
+    let p = Pipeline::builder_iterable(files)
+        .stage_with(
+            "f",
+            StageOptions::new().workers(Parallelism::Fixed(workers)),
+            FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap(),
+        )
+        .batch_size(3)
+        .shuffle(true)
+        .seed(11)
+        .collate(FeatureCollate::new())
+        .build()
+        .unwrap();
+    let (out, batches) = epoch_chunks(&p, epoch, &paths);
     (
         out,
         batches,
@@ -549,23 +556,7 @@ fn long_files_are_read_as_segments_by_several_workers_with_the_chunks_of_one() {
     let files = AudioFiles::scan(dir.path(), opts(0.0)).unwrap();
     let (want, _, _) = chunks_by_file(files, 1, 0);
     for epoch in [0, 0] {
-        let mut got = ChunkMap::new();
-        for b in p.epoch(epoch) {
-            let b = b.unwrap();
-            let f = b.get("features").unwrap();
-            let per = f.shape()[1] * f.shape()[2];
-            let data = f.as_slice::<f32>().unwrap();
-            let starts = b.get("chunk_starts").unwrap().as_slice::<i64>().unwrap();
-            let lengths = b.get("lengths").unwrap().as_slice::<i64>().unwrap();
-            for (row, &i) in b.indices().iter().enumerate() {
-                let path = paths[(i >> ferrofeed::core::STREAM_POSITION_BITS) as usize].clone();
-                let bits = data[row * per..(row + 1) * per]
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect();
-                got.insert((path, starts[row]), (bits, lengths[row]));
-            }
-        }
+        let (got, _) = epoch_chunks(&p, epoch, &paths);
         assert!(got == want, "the cache gives the chunks of decoding whole");
     }
     assert_eq!((cache.misses(), cache.hits()), (shards, shards));

@@ -31,8 +31,9 @@ use std::time::SystemTime;
 use ferrofeed_core::{BoxError, IterableSource, ShardEpoch, ShardIter};
 
 use crate::features::Features;
+use crate::files::AudioFiles;
 use crate::stage::{ChunkFeatures, FeatureStage};
-use crate::stream::{AudioFiles, ChunkStream};
+use crate::stream::ChunkStream;
 
 const MAGIC: &[u8; 4] = b"FFAC";
 const END: &[u8; 4] = b"FEND";

@@ -26,6 +26,8 @@ mod augment;
 mod cache;
 mod decode;
 mod features;
+mod files;
+mod resample;
 mod stage;
 mod stream;
 pub mod synth;
@@ -37,10 +39,12 @@ pub use features::{
     db, hz_to_mel, mel_filterbank, mel_to_hz, FeatureConfig, FeatureExtractor, FeatureKind,
     Features,
 };
+pub use files::{AudioFiles, Segment, AUDIO_EXTENSIONS};
+pub use resample::StreamResampler;
 pub use stage::{ChunkFeatures, FeatureCollate, FeatureStage};
 pub use stream::{
-    AudioChunk, AudioFiles, ChunkSpec, ChunkStream, Chunker, Segment, StreamOptions,
-    StreamResampler, AUDIO_EXTENSIONS, DEFAULT_SEGMENT_SECONDS, SEGMENT_MIN_BYTES,
+    AudioChunk, ChunkSpec, ChunkStream, Chunker, StreamOptions, DEFAULT_SEGMENT_SECONDS,
+    SEGMENT_MIN_BYTES,
 };
 
 use std::path::PathBuf;

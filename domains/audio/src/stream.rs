@@ -2,10 +2,11 @@
 //! chunks as soon as they are complete. Memory per open file is one chunk
 //! plus a packet, whatever the file's length.
 //!
-//! [`AudioFiles`] is an iterable source whose shards are the files: each
-//! file is read front to back by one worker per epoch, and its chunks flow
-//! into batches like any other samples (one file's chunks may land in
-//! different batches; the pipeline's shuffle buffer mixes files).
+//! [`AudioFiles`](crate::AudioFiles) is an iterable source whose shards are
+//! the files (or segments of long ones): each is read front to back by one
+//! worker per epoch, and its chunks flow into batches like any other samples
+//! (one file's chunks may land in different batches; the pipeline's shuffle
+//! buffer mixes files).
 //!
 //! Chunk `k` of a file starts at sample `k × (chunk − overlap)` (at the
 //! target rate). The last chunk is zero-padded; [`AudioChunk::valid`] says how
@@ -24,15 +25,14 @@
 //! assert_eq!(out[1].valid, 3);
 //! ```
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ferrofeed_core::ShardIter;
-use ferrofeed_core::{BoxError, Component, IterableSource, ShardEpoch};
-use rubato::{FftFixedIn, Resampler};
+use ferrofeed_core::Component;
 
 use crate::decode::{DecodeOptions, Decoded};
+use crate::resample::StreamResampler;
 use crate::AudioError;
 
 /// A chunk of mono audio at the target rate.
@@ -296,178 +296,6 @@ impl Chunker {
     }
 }
 
-/// A streaming resampler (rubato's FFT resampler) that trims its delay and
-/// returns exactly `ceil(n × out / in)` samples for `n` in.
-///
-/// The FFT resampler works in units of a fixed number of input frames,
-/// counted from the stream's start; a unit's output depends on that unit and
-/// the one before. So [`StreamResampler::starting_at`] can begin mid-stream,
-/// one unit early, and hand out exactly what resampling the whole stream
-/// gives from there on.
-pub struct StreamResampler {
-    r: FftFixedIn<f32>,
-    pending: Vec<f32>,
-    /// Raw output frames (before trimming the delay) produced so far,
-    /// counted from the stream's start.
-    raw_out: u64,
-    /// Raw output frames below this are not handed out: the delay, plus
-    /// for a resampler started mid-stream everything before its start.
-    skip_until: u64,
-    rate_in: u64,
-    rate_out: u64,
-    /// Input frames counted from the stream's start.
-    n_in: u64,
-    /// Output frames counted from the stream's start.
-    n_out: u64,
-}
-
-/// Input chunk and sub-chunks the resampler is built with.
-const RESAMPLE_CHUNK: usize = 8192;
-const RESAMPLE_SUB_CHUNKS: usize = 8;
-
-impl StreamResampler {
-    /// From `rate_in` to `rate_out` Hz.
-    pub fn new(rate_in: u32, rate_out: u32) -> Result<Self, AudioError> {
-        let r = FftFixedIn::<f32>::new(
-            rate_in as usize,
-            rate_out as usize,
-            RESAMPLE_CHUNK,
-            RESAMPLE_SUB_CHUNKS,
-            1,
-        )
-        .map_err(|e| AudioError::Config(format!("resampler {rate_in} → {rate_out} Hz: {e}")))?;
-        let skip_until = r.output_delay() as u64;
-        Ok(StreamResampler {
-            r,
-            pending: Vec::new(),
-            raw_out: 0,
-            skip_until,
-            rate_in: u64::from(rate_in),
-            rate_out: u64::from(rate_out),
-            n_in: 0,
-            n_out: 0,
-        })
-    }
-
-    /// Input and output frames per FFT unit (rubato's `FftFixedIn` sizing).
-    fn units(rate_in: u32, rate_out: u32) -> (u64, u64) {
-        let (a, b) = (u64::from(rate_in), u64::from(rate_out));
-        let g = gcd(a, b).max(1);
-        let min_in = (a / g).max(1);
-        let wanted = (RESAMPLE_CHUNK / RESAMPLE_SUB_CHUNKS) as u64;
-        let n = wanted.div_ceil(min_in);
-        (n * a / g, n * b / g)
-    }
-
-    /// A resampler whose first output frame is frame `out_start` of the
-    /// whole stream's output, and the input frame it must be fed from (its
-    /// first input is that frame of the stream): one FFT unit before the
-    /// unit holding `out_start`, or the stream's start.
-    pub fn starting_at(
-        rate_in: u32,
-        rate_out: u32,
-        out_start: u64,
-    ) -> Result<(Self, u64), AudioError> {
-        let mut r = Self::new(rate_in, rate_out)?;
-        let (unit_in, unit_out) = Self::units(rate_in, rate_out);
-        // The unit holding the first frame wanted, after the delay; when the
-        // sizing is not the one expected, the stream's start.
-        let known = unit_in > 0 && unit_out > 0 && unit_out / 2 == r.skip_until;
-        let unit = if known {
-            (out_start + r.skip_until) / unit_out
-        } else {
-            0
-        };
-        let first = unit.saturating_sub(1);
-        r.raw_out = first * unit_out;
-        r.skip_until += out_start;
-        r.n_in = first * unit_in;
-        r.n_out = out_start;
-        let from = r.n_in;
-        Ok((r, from))
-    }
-
-    /// Appends `block` once the resampler's delay is trimmed off the front
-    /// of the stream; at its end (`tail`), no further than the expected total.
-    fn emit(&mut self, mut block: Vec<f32>, out: &mut Vec<f32>, tail: bool) {
-        let begin = self.raw_out;
-        self.raw_out += block.len() as u64;
-        let s = (self.skip_until.saturating_sub(begin) as usize).min(block.len());
-        block.drain(..s);
-        let take = if tail {
-            let want = self.expected().saturating_sub(self.n_out);
-            (block.len() as u64).min(want) as usize
-        } else {
-            block.len()
-        };
-        out.extend_from_slice(&block[..take]);
-        self.n_out += take as u64;
-    }
-
-    fn expected(&self) -> u64 {
-        (self.n_in * self.rate_out).div_ceil(self.rate_in)
-    }
-
-    /// Resamples `input`, appending what is ready to `out`.
-    pub fn push(&mut self, input: &[f32], out: &mut Vec<f32>) -> Result<(), AudioError> {
-        self.n_in += input.len() as u64;
-        self.pending.extend_from_slice(input);
-        let mut used = 0;
-        loop {
-            let need = self.r.input_frames_next();
-            if self.pending.len() - used < need {
-                break;
-            }
-            let block = self
-                .r
-                .process(&[&self.pending[used..used + need]], None)
-                .map_err(|e| AudioError::Config(format!("resampling: {e}")))?;
-            used += need;
-            let b = block.into_iter().next().unwrap_or_default();
-            // Output lags input by the delay: nothing here passes `expected`.
-            self.emit(b, out, false);
-        }
-        self.pending.drain(..used);
-        Ok(())
-    }
-
-    /// Flushes the tail; afterwards `out` has received exactly
-    /// `ceil(n_in × rate_out / rate_in)` samples in all.
-    pub fn finish(&mut self, out: &mut Vec<f32>) -> Result<(), AudioError> {
-        let err = |e: rubato::ResampleError| AudioError::Config(format!("resampling: {e}"));
-        let rest = std::mem::take(&mut self.pending);
-        if !rest.is_empty() {
-            let block = self
-                .r
-                .process_partial(Some(&[&rest[..]]), None)
-                .map_err(err)?;
-            self.emit(block.into_iter().next().unwrap_or_default(), out, true);
-        }
-        let mut guard = 0;
-        while self.n_out < self.expected() && guard < 64 {
-            let block = self
-                .r
-                .process_partial(None::<&[&[f32]]>, None)
-                .map_err(err)?;
-            self.emit(block.into_iter().next().unwrap_or_default(), out, true);
-            guard += 1;
-        }
-        // Round-off can leave a sample or two short: pad with silence.
-        while self.n_out < self.expected() {
-            out.push(0.0);
-            self.n_out += 1;
-        }
-        Ok(())
-    }
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
 /// Default [`StreamOptions::segment_seconds`].
 pub const DEFAULT_SEGMENT_SECONDS: f64 = 60.0;
 
@@ -489,7 +317,7 @@ pub struct StreamOptions {
     pub keep_channels: bool,
     /// Random chunk offsets: each epoch, each file's chunk grid starts at
     /// one of this many evenly spaced offsets within a step, drawn from
-    /// the seed, the epoch and the file ([`AudioFiles::offset_at`]); 1: at
+    /// the seed, the epoch and the file ([`AudioFiles::offset_at`](crate::AudioFiles::offset_at)); 1: at
     /// the file's start, every epoch the same chunks.
     pub chunk_offsets: u32,
     /// Long files across workers: a WAV or FLAC file of at least 1 MiB
@@ -728,191 +556,6 @@ impl Iterator for ChunkStream {
     }
 }
 
-/// The audio file extensions read.
-pub const AUDIO_EXTENSIONS: &[&str] = &["wav", "flac", "mp3", "ogg", "oga"];
-
-/// Audio files as an iterable source of [`AudioChunk`]s, one shard per file.
-#[derive(Debug, Clone)]
-pub struct AudioFiles {
-    files: Vec<PathBuf>,
-    opts: StreamOptions,
-    samples: Arc<AtomicU64>,
-    /// Each file's sample count (at the target rate) from its header,
-    /// looked up once.
-    lens: Vec<std::sync::OnceLock<Option<u64>>>,
-    /// The shards: whole files, or runs of a long file's chunks.
-    segments: Vec<Segment>,
-}
-
-/// A shard of [`AudioFiles`]: chunks `first ..` of file `file`, up to
-/// `first + count` (to the file's end when `count` is `None`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    /// The file, by its place in [`AudioFiles::files`].
-    pub file: usize,
-    /// The first chunk.
-    pub first: u64,
-    /// Chunks in the segment; `None`: to the end of the file.
-    pub count: Option<u64>,
-}
-
-impl Segment {
-    /// Whether the segment is its whole file.
-    pub fn is_whole(&self) -> bool {
-        self.first == 0 && self.count.is_none()
-    }
-}
-
-impl AudioFiles {
-    /// Every audio file under `dir` (recursively, in path order), or `dir`
-    /// itself when it is a file.
-    pub fn scan(dir: &Path, opts: StreamOptions) -> Result<AudioFiles, AudioError> {
-        Self::check(&opts)?;
-        let mut files = Vec::new();
-        if dir.is_file() {
-            files.push(dir.to_path_buf());
-        } else {
-            files = ferrofeed_stages::walk_files(dir)
-                .map_err(|e| AudioError::Decode {
-                    path: dir.to_path_buf(),
-                    message: e.to_string(),
-                })?
-                .into_iter()
-                .filter(|p| {
-                    p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-                        AUDIO_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())
-                    })
-                })
-                .collect();
-        }
-        if files.is_empty() {
-            return Err(AudioError::Decode {
-                path: dir.to_path_buf(),
-                message: format!("no audio files ({})", AUDIO_EXTENSIONS.join(", ")),
-            });
-        }
-        Self::from_files(files, opts)
-    }
-
-    fn check(opts: &StreamOptions) -> Result<(), AudioError> {
-        let spec =
-            ChunkSpec::from_seconds(opts.chunk_seconds, opts.overlap_seconds, opts.sample_rate)?;
-        if opts.chunk_offsets == 0 || opts.chunk_offsets as usize > spec.step() {
-            return Err(AudioError::Config(format!(
-                "--chunk-offsets {} must be at least 1 and at most the {} samples between chunk starts",
-                opts.chunk_offsets,
-                spec.step()
-            )));
-        }
-        if !(opts.segment_seconds.is_finite() && opts.segment_seconds >= 0.0) {
-            return Err(AudioError::Config(format!(
-                "--segment-seconds {} must be a number of seconds, 0 or more",
-                opts.segment_seconds
-            )));
-        }
-        if opts.sample_rate == 0 || opts.sample_rate > crate::decode::MAX_SAMPLE_RATE {
-            return Err(AudioError::Config(format!(
-                "--sample-rate {} is outside 1 Hz–768 kHz",
-                opts.sample_rate
-            )));
-        }
-        Ok(())
-    }
-
-    /// Exactly `files`, in this order (each one a shard).
-    pub fn from_files(files: Vec<PathBuf>, opts: StreamOptions) -> Result<AudioFiles, AudioError> {
-        Self::check(&opts)?;
-        let mut s = AudioFiles {
-            lens: files.iter().map(|_| std::sync::OnceLock::new()).collect(),
-            segments: Vec::with_capacity(files.len()),
-            files,
-            opts,
-            samples: Arc::default(),
-        };
-        for file in 0..s.files.len() {
-            s.plan(file);
-        }
-        Ok(s)
-    }
-
-    /// Appends file `file`'s shards: whole, or segments when it is long
-    /// (see [`StreamOptions::segment_seconds`]).
-    fn plan(&mut self, file: usize) {
-        let whole = Segment {
-            file,
-            first: 0,
-            count: None,
-        };
-        let per = self.segment_chunks();
-        let chunks = per
-            .and_then(|_| self.files.get(file))
-            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= SEGMENT_MIN_BYTES))
-            .and_then(|p| self.header_samples(p))
-            .and_then(|n| Some(self.spec()?.chunks_at(n, 0)));
-        match (per, chunks) {
-            (Some(per), Some(chunks)) if chunks / per >= 2 => {
-                // The last segment runs to the end: at least `per - 1`
-                // chunks whatever the offset, and whatever the header says.
-                let n = chunks / per;
-                self.segments.extend((0..n).map(|j| Segment {
-                    file,
-                    first: j * per,
-                    count: (j + 1 < n).then_some(per),
-                }));
-            }
-            _ => self.segments.push(whole),
-        }
-    }
-
-    /// Chunks per segment, or `None` when files are not split.
-    fn segment_chunks(&self) -> Option<u64> {
-        let spec = self.spec()?;
-        let secs = self.opts.segment_seconds;
-        if secs <= 0.0 {
-            return None;
-        }
-        let step = spec.step() as f64 / f64::from(self.opts.sample_rate);
-        Some(((secs / step).round() as u64).max(2))
-    }
-
-    /// A WAV or FLAC file's length at the target rate from its header.
-    fn header_samples(&self, path: &Path) -> Option<u64> {
-        let d = crate::decode::Decoded::open(path, &self.opts.decode).ok()?;
-        if !d.seeks_exactly() {
-            return None;
-        }
-        let frames = d.frames_hint().filter(|&f| f > 0)?;
-        let (rin, rout) = (u64::from(d.sample_rate()), u64::from(self.opts.sample_rate));
-        Some((frames * rout).div_ceil(rin.max(1)))
-    }
-
-    /// The shards, in order: whole files and segments of long ones.
-    pub fn segments(&self) -> &[Segment] {
-        &self.segments
-    }
-
-    /// The file shard `shard` reads, by its place in [`files`](Self::files).
-    pub fn file_of(&self, shard: usize) -> Option<usize> {
-        self.segments.get(shard).map(|s| s.file)
-    }
-
-    /// The files, in shard order.
-    pub fn files(&self) -> &[PathBuf] {
-        &self.files
-    }
-
-    /// The options.
-    pub fn options(&self) -> &StreamOptions {
-        &self.opts
-    }
-
-    /// A counter of the samples (at the target rate) of every file read to
-    /// its end; keep a clone to read it while the pipeline runs.
-    pub fn samples_read(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.samples)
-    }
-}
-
 impl ChunkSpec {
     /// Chunks a stream of `samples` samples makes: every full chunk, then
     /// a zero-padded last one for samples no chunk holds.
@@ -938,92 +581,6 @@ impl ChunkSpec {
             return u64::from(samples > 0);
         }
         self.chunks_for(samples - offset)
-    }
-}
-
-impl AudioFiles {
-    /// Samples (at the target rate) file `file` makes, from its header's
-    /// frame count: WAV only, whose header states the sample count exactly
-    /// (`None` for other formats, whose headers can disagree with the
-    /// decoded length, or a file that cannot be opened; a truncated WAV
-    /// makes it an overestimate).
-    fn samples_of(&self, file: usize) -> Option<u64> {
-        let path = self.files.get(file)?;
-        let wav = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| e.eq_ignore_ascii_case("wav"));
-        if !wav {
-            return None;
-        }
-        let d = crate::decode::Decoded::open(path, &self.opts.decode).ok()?;
-        let frames = d.frames_hint()?;
-        let (rin, rout) = (u64::from(d.sample_rate()), u64::from(self.opts.sample_rate));
-        Some(if rin == rout || rin == 0 {
-            frames
-        } else {
-            (frames * rout).div_ceil(rin)
-        })
-    }
-
-    fn spec(&self) -> Option<ChunkSpec> {
-        ChunkSpec::from_seconds(
-            self.opts.chunk_seconds,
-            self.opts.overlap_seconds,
-            self.opts.sample_rate,
-        )
-        .ok()
-    }
-
-    /// Where shard `shard`'s chunk grid starts in the epoch `at`, in samples
-    /// at the target rate: `j × step / K` for `K` = `chunk_offsets` and `j`
-    /// drawn from the seed, the epoch and the shard's file (0 when `K` is 1).
-    pub fn offset_at(&self, shard: usize, at: ShardEpoch) -> usize {
-        let k = u64::from(self.opts.chunk_offsets.max(1));
-        let (Some(spec), Some(file)) = (self.spec().filter(|_| k > 1), self.file_of(shard)) else {
-            return 0;
-        };
-        // Drawn per file: every segment of a file shares its grid.
-        let j =
-            ferrofeed_core::rng::derive_seed(&[at.seed, at.epoch, file as u64, 0x4f46_4653]) % k;
-        (j * spec.step() as u64 / k) as usize
-    }
-}
-
-impl IterableSource for AudioFiles {
-    type Output = AudioChunk;
-    fn shard_len(&self, shard: usize) -> Option<u64> {
-        self.shard_len_at(shard, ShardEpoch::default())
-    }
-    fn shard_len_at(&self, shard: usize, at: ShardEpoch) -> Option<u64> {
-        let seg = *self.segments.get(shard)?;
-        let cell = self.lens.get(seg.file)?;
-        let samples = (*cell.get_or_init(|| self.samples_of(seg.file)))?;
-        let all = self.spec()?.chunks_at(samples, self.offset_at(shard, at));
-        let rest = all.saturating_sub(seg.first);
-        Some(seg.count.map_or(rest, |c| rest.min(c)))
-    }
-    fn num_shards(&self) -> usize {
-        self.segments.len()
-    }
-    fn shard_key(&self, shard: usize) -> String {
-        self.file_of(shard)
-            .and_then(|f| self.files.get(f))
-            .map_or_else(String::new, |p| p.display().to_string())
-    }
-    fn open(&self, shard: usize) -> Result<ShardIter<AudioChunk>, BoxError> {
-        self.open_at(shard, ShardEpoch::default())
-    }
-    fn open_at(&self, shard: usize, at: ShardEpoch) -> Result<ShardIter<AudioChunk>, BoxError> {
-        let seg = *self
-            .segments
-            .get(shard)
-            .ok_or_else(|| BoxError::from(format!("no shard {shard}")))?;
-        let path = &self.files[seg.file];
-        let offset = self.offset_at(shard, at);
-        let mut s = ChunkStream::open_segment(path, &self.opts, offset, seg.first, seg.count)?;
-        s.counter = Some(Arc::clone(&self.samples));
-        Ok(Box::new(s.map(|r| r.map_err(BoxError::from))))
     }
 }
 
@@ -1253,42 +810,5 @@ mod tests {
         assert!(ChunkSpec::from_seconds(1.0, 1.0, 16000).is_err());
         assert!(ChunkSpec::from_seconds(1.0, -1.0, 16000).is_err());
         assert!(ChunkSpec::from_seconds(f64::NAN, 0.0, 16000).is_err());
-    }
-
-    #[test]
-    fn resampling_keeps_length_and_pitch() {
-        for (a, b) in [
-            (44100, 16000),
-            (8000, 16000),
-            (22050, 16000),
-            (48000, 16000),
-        ] {
-            let n = a as usize * 3 / 2 + 17;
-            let x: Vec<f32> = (0..n)
-                .map(|i| (2.0 * std::f64::consts::PI * 440.0 * i as f64 / a as f64).sin() as f32)
-                .collect();
-            let mut r = StreamResampler::new(a, b).unwrap();
-            let mut out = Vec::new();
-            for p in x.chunks(777) {
-                r.push(p, &mut out).unwrap();
-            }
-            r.finish(&mut out).unwrap();
-            assert_eq!(
-                out.len(),
-                (n * b as usize).div_ceil(a as usize),
-                "{a} → {b}"
-            );
-            // In the middle, the output is the same sine at the new rate.
-            let mid = out.len() / 2;
-            let err: f64 = (mid..mid + 200)
-                .map(|i| {
-                    let want = (2.0 * std::f64::consts::PI * 440.0 * i as f64 / b as f64).sin();
-                    (f64::from(out[i]) - want).abs()
-                })
-                .fold(0.0, f64::max);
-            // rubato's delay is a whole number of output samples; what is
-            // left is a sub-sample offset (a third of a sample at 48 → 16 kHz).
-            assert!(err < 0.1, "{a} → {b}: max error {err}");
-        }
     }
 }
