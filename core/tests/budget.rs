@@ -158,3 +158,89 @@ fn a_budget_smaller_than_one_batch_delivers_one_task_at_a_time() {
         }
     }
 }
+
+/// A gate the first task's later rows wait at until a row of another task
+/// has started (or five seconds have passed).
+#[derive(Default)]
+struct Gate {
+    open: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+    /// Whether the gate opened in time.
+    fn wait(&self) -> bool {
+        let g = self.open.lock().unwrap();
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, Duration::from_secs(5), |open| !*open)
+            .unwrap();
+        *g
+    }
+}
+
+#[test]
+fn the_first_task_lets_the_other_workers_in_after_its_first_row() {
+    // Before anything is measured the budget admits only the task the
+    // consumer needs next; the first task's first row runs through the
+    // segment and collate alone, so its bytes are known and a second
+    // worker starts another task while the first is still at work. Here
+    // the first task cannot finish unless that happens.
+    for kind in [Kind::Map, Kind::Iterable] {
+        let gate = std::sync::Arc::new(Gate::default());
+        let timed_out = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let builder = match kind {
+            Kind::Map => Pipeline::builder(FnSource::new(24, |i| Ok(Small(i)))),
+            Kind::Iterable => Pipeline::builder_iterable(Shards { shards: 6, per: 4 }),
+        };
+        let (g, t) = (
+            std::sync::Arc::clone(&gate),
+            std::sync::Arc::clone(&timed_out),
+        );
+        let p = builder
+            .map_with(
+                "inflate",
+                StageOptions::new().workers(Parallelism::Fixed(2)),
+                move |s: Small, ctx: &StageCtx| {
+                    // Rows 1..4 form the rest of the first task (the first
+                    // batch, or shard 0's first part).
+                    if (1..4).contains(&ctx.index()) {
+                        if !g.wait() {
+                            t.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    } else if ctx.index() >= 4 {
+                        g.open();
+                    }
+                    Ok(Blob(vec![s.0 as u8; 1000]))
+                },
+            )
+            .batch_size(4)
+            .shuffle(false)
+            .max_bytes_in_flight(1 << 20)
+            .collate(StackCollate::new().column::<Blob>("blob"))
+            .build()
+            .unwrap();
+        let n: usize = p.epoch(0).map(|b| b.unwrap().len()).sum();
+        assert_eq!(n, 24, "{kind:?}");
+        assert!(
+            !timed_out.load(std::sync::atomic::Ordering::Relaxed),
+            "{kind:?}: no other task started while the first one was unmeasured"
+        );
+        let batches: Vec<Vec<u8>> = p
+            .epoch(1)
+            .map(|b| {
+                let b = b.unwrap();
+                b.indices().iter().map(|&i| i as u8).collect()
+            })
+            .collect();
+        assert_eq!(
+            batches[0],
+            vec![0, 1, 2, 3],
+            "{kind:?}: the first task's rows in order"
+        );
+    }
+}

@@ -21,6 +21,9 @@
 //! - **State.** What the threads share is [`shared::Shared`]; an epoch's
 //!   run and the messages between threads are in [`messages`]; the monitor
 //!   thread (timeline, autotuner) is [`monitor`].
+//! - **First rows.** Until a segment is measured, a task's first row runs
+//!   through it alone so the budget can admit the other workers' tasks
+//!   early ([`probe`]).
 //! - **One sample, one thread.** [`local`] runs the same plan — the feed's
 //!   reader, every stage node under its policy, the collate — for one sample
 //!   in the calling thread with the workers' row executor; `inspect` is
@@ -38,6 +41,7 @@ pub(crate) mod local;
 pub(crate) mod messages;
 pub(crate) mod monitor;
 pub(crate) mod plan;
+pub(crate) mod probe;
 pub(crate) mod shared;
 pub(crate) mod source;
 pub(crate) mod worker;
@@ -48,6 +52,7 @@ pub(crate) use self::local::Local;
 pub(crate) use self::messages::*;
 pub(crate) use self::monitor::*;
 pub(crate) use self::plan::*;
+pub(crate) use self::probe::join;
 pub(crate) use self::shared::*;
 pub(crate) use self::source::*;
 pub(crate) use self::worker::*;

@@ -106,6 +106,8 @@ pub(crate) struct Shared {
     /// (last entry) of the batches collate makes; 0 until measured. They
     /// outlive epochs, so a later epoch starts from what the last one saw.
     pub(crate) row_bytes: Vec<AtomicUsize>,
+    /// The collated row's figure in `row_bytes` is an estimate.
+    pub(crate) batch_estimated: AtomicBool,
     /// Set to end epochs at the next batch (see [`crate::stop`]).
     pub(crate) stop: crate::stop::StopHandle,
 }
@@ -202,6 +204,7 @@ impl Shared {
             queue_len: (0..=n_segments).map(|_| AtomicUsize::new(0)).collect(),
             queue_cap: (0..=n_segments).map(|_| AtomicUsize::new(1)).collect(),
             row_bytes: (0..=n_segments).map(|_| AtomicUsize::new(0)).collect(),
+            batch_estimated: AtomicBool::new(false),
             stop: crate::stop::StopHandle::new(),
         }
     }
@@ -221,6 +224,31 @@ impl Shared {
         Some(rows.saturating_mul(table.saturating_add(batch)))
     }
 
+    /// Whether tables leaving segment `seg` have been measured.
+    pub(crate) fn segment_measured(&self, seg: usize) -> bool {
+        self.row_bytes
+            .get(seg)
+            .is_some_and(|b| b.load(Ordering::Relaxed) != 0)
+    }
+
+    /// Whether collated batches have been measured (see
+    /// [`task_bytes`](Self::task_bytes)).
+    pub(crate) fn batch_bytes_measured(&self) -> bool {
+        self.row_bytes
+            .last()
+            .is_some_and(|b| b.load(Ordering::Relaxed) != 0)
+    }
+
+    /// A provisional figure for a collated row, while none is measured
+    /// (see [`Worker::measure_collate`]): the first real one replaces it.
+    pub(crate) fn estimate_batch_bytes(&self, bytes: usize, rows: usize) {
+        if rows == 0 || self.batch_bytes_measured() {
+            return;
+        }
+        self.note_row_bytes(self.row_bytes.len() - 1, bytes, rows);
+        self.batch_estimated.store(true, Ordering::Relaxed);
+    }
+
     /// Records the bytes per row of a table leaving segment `at` (or, at
     /// `segments.len()`, of collated batches): a larger value is taken at
     /// once, a smaller one decays in slowly.
@@ -231,7 +259,10 @@ impl Shared {
         let per_row = bytes.div_ceil(rows);
         let slot = &self.row_bytes[at];
         let old = slot.load(Ordering::Relaxed);
-        let new = if per_row >= old {
+        let new = if per_row >= old
+            || (at + 1 == self.row_bytes.len()
+                && self.batch_estimated.swap(false, Ordering::Relaxed))
+        {
             per_row
         } else {
             (old * 3 + per_row) / 4

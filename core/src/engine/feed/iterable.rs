@@ -125,6 +125,10 @@ impl<O: ComponentSet> ShardReader for StreamReader<O> {
 pub(crate) struct Handoff {
     pub(crate) major: u64,
     pub(crate) part: u64,
+    /// The part's first row, already through the segment (see
+    /// [`probe`](crate::engine::probe)): joined in front of `table` once
+    /// the segment has run over it.
+    pub(crate) front: Option<Table>,
     pub(crate) table: Table,
     pub(crate) log: TaskLog,
     /// The group's last part.
@@ -391,12 +395,22 @@ impl Worker {
         let Handoff {
             major,
             part,
+            front,
             mut table,
             mut log,
             done,
             mut lease,
         } = h;
-        self.run_segment(&job.run, &mut table, &mut log, &mut lease);
+        if log.fail.is_none() {
+            self.run_segment(&job.run, &mut table, &mut log, &mut lease);
+        }
+        if let Some(front) = front {
+            table = join(front, table, &mut log);
+        }
+        if log.fail.is_some() {
+            // Under the stop policy a part (one batch) is cut whole.
+            table.truncate(0);
+        }
         let last = done || log.fail.is_some();
         // A short part is merged with others by the consumer; `drop_last`
         // drops only what is left at the epoch's end.
@@ -556,13 +570,19 @@ impl Worker {
                         lease
                     }
                 };
-                let started = Instant::now();
-                let (mut table, errs, done) = reader.next_part(bs);
+                let (front, mut table, errs, done, dt) = if bs > 1 && self.needs_probe() {
+                    let collates = matches!(job.out, Out::Final(_));
+                    self.read_probed(run, reader.as_mut(), bs, &mut log, &mut lease, collates)
+                } else {
+                    let started = Instant::now();
+                    let (table, errs, done) = reader.next_part(bs);
+                    (None, table, errs, done, started.elapsed().as_nanos() as u64)
+                };
                 lease.grow_to(table.nbytes());
-                let dt = started.elapsed().as_nanos() as u64;
+                let read = (table.len() + usize::from(front.is_some())) as u64;
                 self.stats.timed_ns[0] += dt;
-                self.stats.timed_n[0] += table.len() as u64;
-                self.stats.samples[0] += table.len() as u64;
+                self.stats.timed_n[0] += read;
+                self.stats.samples[0] += read;
                 let mut failed = false;
                 for (idx, e) in errs {
                     // An item the shard could not yield cannot be retried.
@@ -578,6 +598,7 @@ impl Worker {
                 let mut h = Handoff {
                     major: t,
                     part,
+                    front,
                     table,
                     log: std::mem::take(&mut log),
                     done,

@@ -86,7 +86,22 @@ impl Worker {
                 false,
             );
             lease.grow_to(table.nbytes());
-            self.run_segment(run, &mut table, &mut log, &mut lease);
+            if table.len() > 1 && table.batches().count() == 1 && self.needs_probe() {
+                // The first row ahead of the rest (see `probe`).
+                let mut front = table.split_front(1);
+                let collates = matches!(job.out, Out::Final(_));
+                self.probe_front(run, &mut front, &mut log, &mut lease, collates);
+                if log.fail.is_none() {
+                    self.run_segment(run, &mut table, &mut log, &mut lease);
+                }
+                table = join(front, table, &mut log);
+                if log.fail.is_some() {
+                    // Under the stop policy the task (one batch) is cut whole.
+                    table.truncate(0);
+                }
+            } else {
+                self.run_segment(run, &mut table, &mut log, &mut lease);
+            }
             if run.cancelled() {
                 return;
             }
