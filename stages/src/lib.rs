@@ -2,8 +2,9 @@
 //!
 //! Generic stages and sources shared by the domain packs: the components
 //! every reader produces ([`FilePath`], [`Bytes`], [`Label`]), readers for
-//! file lists, ImageFolder trees and WebDataset tar shards, and the
-//! [`ReadFile`] stage.
+//! file lists, ImageFolder trees and WebDataset tar shards, the
+//! [`ReadFile`] stage, and [`CacheFolder`], the capped folder the caches on
+//! disk keep their entries in.
 //!
 //! ```
 //! use ferrofeed_stages::{Bytes, Label};
@@ -14,12 +15,14 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod cache_folder;
 mod components;
 pub mod device;
 mod readers;
 #[cfg(feature = "remote")]
 pub mod remote;
 
+pub use cache_folder::{cache_key, CacheEntry, CacheFolder};
 pub use components::{Bytes, FilePath, Label};
 pub use readers::files::{Files, LabeledFiles, ReadFile};
 pub use readers::folder::{walk_files, ImageFolder, ScanError};

@@ -10,7 +10,8 @@
 //!   count; a truncated or corrupt entry, or one made for other settings,
 //!   is a miss — recomputed and replaced, never served.
 //! - Read through a memory map; a size cap evicts the least recently used
-//!   entries; a folder that cannot be written makes the run uncached (one
+//!   entries (a [`CacheFolder`](ferrofeed_stages::CacheFolder), cut to 90%
+//!   of its cap when full); a folder that cannot be written makes the run uncached (one
 //!   warning), not failed.
 //!
 //! ```
@@ -21,14 +22,14 @@
 //! # std::fs::remove_dir_all(&dir).ok();
 //! ```
 use std::fs::File;
-use std::hash::{Hash, Hasher};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use ferrofeed_core::{BoxError, IterableSource, ShardEpoch, ShardIter};
+use ferrofeed_stages::{cache_key, CacheFolder};
 
 use crate::features::Features;
 use crate::files::AudioFiles;
@@ -46,29 +47,22 @@ const TRAILER: usize = 4 + 8 + 4 + 4;
 /// Where entries live, and what was found there.
 #[derive(Debug)]
 pub struct FeatureCache {
-    dir: PathBuf,
-    max_bytes: u64,
+    folder: CacheFolder,
     hits: AtomicU64,
     misses: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
-    unwritable: AtomicBool,
-    seq: AtomicU64,
 }
 
 impl FeatureCache {
     /// The cache in `dir` (created if missing), holding at most `max_bytes`.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Arc<FeatureCache>, std::io::Error> {
-        std::fs::create_dir_all(dir)?;
         Ok(Arc::new(FeatureCache {
-            dir: dir.to_path_buf(),
-            max_bytes,
+            folder: CacheFolder::open(dir, "ffac", max_bytes)?,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
-            unwritable: AtomicBool::new(false),
-            seq: AtomicU64::new(0),
         }))
     }
 
@@ -100,24 +94,16 @@ impl FeatureCache {
             .ok()?
             .as_nanos();
         let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        let mut out = [0u8; 16];
-        for (i, salt) in [0x6666_6163u64, 0x6b65_7932].into_iter().enumerate() {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (salt, &canon, meta.len(), mtime, settings, VERSION).hash(&mut h);
-            out[i * 8..(i + 1) * 8].copy_from_slice(&h.finish().to_le_bytes());
-        }
-        Some(out)
-    }
-
-    fn entry(&self, key: &[u8; 16]) -> PathBuf {
-        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        self.dir.join(format!("{hex}.ffac"))
+        Some(cache_key(
+            0x6666_6163,
+            &(&canon, meta.len(), mtime, settings, VERSION),
+        ))
     }
 
     /// The entry for `key`, checked whole; `None` when missing, truncated,
     /// corrupt or made for another key.
     fn read(&self, key: &[u8; 16]) -> Option<Entry> {
-        let path = self.entry(key);
+        let path = self.folder.entry(key);
         let file = File::open(&path).ok()?;
         // SAFETY: entries are only ever replaced by rename, never written in
         // place, so the mapped file does not change under the map.
@@ -126,31 +112,6 @@ impl FeatureCache {
         // Recently used: eviction removes the oldest first.
         let _ = file.set_modified(SystemTime::now());
         Some(e)
-    }
-
-    /// Removes the least recently used entries until the folder fits the cap.
-    fn enforce_cap(&self, keep: &Path) {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        let mut entries: Vec<(SystemTime, u64, PathBuf)> = rd
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().extension().is_some_and(|x| x == "ffac"))
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((m.modified().ok()?, m.len(), e.path()))
-            })
-            .collect();
-        let mut total: u64 = entries.iter().map(|e| e.1).sum();
-        entries.sort();
-        for (_, len, p) in entries {
-            if total <= self.max_bytes {
-                break;
-            }
-            if p != keep && std::fs::remove_file(&p).is_ok() {
-                total -= len;
-            }
-        }
     }
 }
 
@@ -255,12 +216,7 @@ struct Writer {
 
 impl Writer {
     fn new(cache: &FeatureCache, key: [u8; 16]) -> std::io::Result<Writer> {
-        let n = cache.seq.fetch_add(1, Ordering::Relaxed);
-        let tmp = cache.dir.join(format!(
-            ".tmp-{}-{n}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
+        let tmp = cache.folder.temp();
         Ok(Writer {
             out: BufWriter::new(File::create(&tmp)?),
             tmp,
@@ -322,11 +278,12 @@ impl Writer {
         self.out.write_all(END)?;
         self.out.flush()?;
         self.out.get_ref().sync_data()?;
-        let dest = cache.entry(&self.key);
+        let dest = cache.folder.entry(&self.key);
         std::fs::rename(&self.tmp, &dest)?;
         cache
             .bytes_written
             .fetch_add(self.bytes + 8, Ordering::Relaxed);
+        cache.folder.added(self.bytes + 8, &dest);
         Ok(dest)
     }
 }
@@ -431,13 +388,13 @@ impl IterableSource for CachedFeatures {
         stream.counter = Some(Arc::clone(&before));
         let features = self.features.clone();
         let mut writer = match key {
-            Some(k) if !cache.unwritable.load(Ordering::Relaxed) => match Writer::new(&cache, k) {
+            Some(k) if cache.folder.writable() => match Writer::new(&cache, k) {
                 Ok(w) => Some(w),
                 Err(e) => {
-                    if !cache.unwritable.swap(true, Ordering::Relaxed) {
+                    if cache.folder.write_failed() {
                         tracing::warn!(
                             "feature cache {}: {e}; running uncached",
-                            cache.dir.display()
+                            cache.folder.dir().display()
                         );
                     }
                     None
@@ -474,9 +431,8 @@ impl IterableSource for CachedFeatures {
                     let total = before.load(Ordering::Relaxed);
                     counter.fetch_add(total, Ordering::Relaxed);
                     if let Some(w) = writer.take() {
-                        if let Ok(dest) = w.finish(&cache, total) {
-                            cache.enforce_cap(&dest);
-                        }
+                        // Accounted in the folder, which evicts when due.
+                        let _ = w.finish(&cache, total);
                     }
                     None
                 }

@@ -21,7 +21,7 @@ use zune_jpeg::JpegDecoder;
 use crate::image::Image;
 
 /// Which JPEG decoder to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// The system libjpeg(-turbo) when it was built in (region decoding,
     /// DCT scaling), else zune-jpeg.
@@ -31,7 +31,7 @@ pub enum Backend {
 }
 
 /// Decoder settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeOptions {
     /// Refuse images whose header claims more pixels than this.
     pub max_pixels: u64,

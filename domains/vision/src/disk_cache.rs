@@ -10,7 +10,8 @@
 //! wins). Each entry carries its key and a CRC of its pixels: a truncated,
 //! corrupt or foreign entry is removed and the image decoded again, never
 //! served. Least recently used entries go first once the folder passes its
-//! cap. A folder that cannot be written leaves the cache off, said once.
+//! cap (a [`CacheFolder`](ferrofeed_stages::CacheFolder): cut to 90% of it,
+//! so a full cache is not rescanned per image). A folder that cannot be written leaves the cache off, said once.
 //!
 //! ```
 //! use ferrofeed_vision::{Image, ImageDiskCache};
@@ -23,12 +24,12 @@
 //! assert_eq!(cache.get(&key).unwrap().data, img.data);
 //! assert_eq!((cache.hits(), cache.misses()), (1, 1));
 //! ```
-use std::hash::{Hash, Hasher};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+
+use ferrofeed_stages::{cache_key, CacheFolder};
 
 use crate::image::Image;
 
@@ -40,12 +41,7 @@ const HEADER: usize = 4 + 4 + 16 + 4 + 4 + 4;
 /// A folder of decoded images with a byte cap.
 #[derive(Debug)]
 pub struct ImageDiskCache {
-    dir: PathBuf,
-    max_bytes: u64,
-    /// This process's estimate of the folder's bytes (a rescan before
-    /// evicting finds the truth, other processes' entries included).
-    bytes: AtomicU64,
-    unwritable: AtomicBool,
+    folder: CacheFolder,
     hits: AtomicU64,
     misses: AtomicU64,
     bytes_read: AtomicU64,
@@ -55,46 +51,26 @@ pub struct ImageDiskCache {
 impl ImageDiskCache {
     /// Opens (creating) `dir`, capped at `max_bytes`.
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Arc<ImageDiskCache>> {
-        std::fs::create_dir_all(dir)?;
-        if !dir.is_dir() {
-            return Err(std::io::Error::other("not a folder"));
-        }
-        let c = ImageDiskCache {
-            dir: dir.to_path_buf(),
-            max_bytes,
-            bytes: AtomicU64::new(0),
-            unwritable: AtomicBool::new(false),
+        Ok(Arc::new(ImageDiskCache {
+            folder: CacheFolder::open(dir, "ffic", max_bytes)?,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
-        };
-        let now: u64 = c.entries().iter().map(|e| e.1).sum();
-        c.bytes.store(now, Ordering::Relaxed);
-        Ok(Arc::new(c))
+        }))
     }
 
-    /// The key of an image encoded as `encoded`, decoded under `settings`.
-    pub fn key(&self, encoded: &[u8], settings: &str) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        for (i, salt) in [0x6966_6361u64, 0x6b65_7931].into_iter().enumerate() {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (salt, encoded, settings, VERSION).hash(&mut h);
-            out[i * 8..(i + 1) * 8].copy_from_slice(&h.finish().to_le_bytes());
-        }
-        out
-    }
-
-    fn entry(&self, key: &[u8; 16]) -> PathBuf {
-        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        self.dir.join(format!("{hex}.ffic"))
+    /// The key of an image encoded as `encoded`, decoded under `settings`
+    /// (anything that hashes, such as the [`DecodeOptions`](crate::DecodeOptions)).
+    pub fn key<S: std::hash::Hash + ?Sized>(&self, encoded: &[u8], settings: &S) -> [u8; 16] {
+        cache_key(0x6966_6361, &(encoded, settings, VERSION))
     }
 
     /// The image stored under `key`, checked whole; `None` (a miss) when
     /// missing, truncated, corrupt or made for another key — such an entry
     /// is removed.
     pub fn get(&self, key: &[u8; 16]) -> Option<Image> {
-        let path = self.entry(key);
+        let path = self.folder.entry(key);
         let got = std::fs::read(&path).ok().and_then(|b| {
             let img = parse(&b, key);
             if img.is_none() {
@@ -106,10 +82,7 @@ impl ImageDiskCache {
             Some((img, n)) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-                // Recently used: eviction removes the oldest first.
-                if let Ok(f) = std::fs::File::options().append(true).open(&path) {
-                    let _ = f.set_modified(SystemTime::now());
-                }
+                CacheFolder::touch(&path);
                 Some(img)
             }
             None => {
@@ -120,22 +93,18 @@ impl ImageDiskCache {
     }
 
     /// Stores `img` under `key` (temporary file, then rename); then evicts
-    /// least recently used entries past the cap. An image larger than the
-    /// cap is not stored. A write that fails turns the cache off, said once.
+    /// least recently used entries when the folder passes its cap. An image
+    /// larger than the cap is not stored. A write that fails turns the
+    /// cache off, said once.
     pub fn put(&self, key: &[u8; 16], img: &Image) {
         let size = (HEADER + img.data.len()) as u64;
-        if self.unwritable.load(Ordering::Relaxed) || size > self.max_bytes {
+        if !self.folder.writable() || size > self.folder.cap() {
             return;
         }
-        let dest = self.entry(key);
-        let tmp = self.dir.join(format!(
-            ".{}.{}.{:?}.tmp",
-            dest.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
-            std::process::id(),
-            std::thread::current().id()
-        ));
+        let dest = self.folder.entry(key);
+        let tmp = self.folder.temp();
         let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
             f.write_all(MAGIC)?;
             f.write_all(&VERSION.to_le_bytes())?;
             f.write_all(key)?;
@@ -149,49 +118,16 @@ impl ImageDiskCache {
         };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&tmp);
-            if !self.unwritable.swap(true, Ordering::Relaxed) {
+            if self.folder.write_failed() {
                 tracing::warn!(
                     "image cache {}: {e}; running without it",
-                    self.dir.display()
+                    self.folder.dir().display()
                 );
             }
             return;
         }
         self.bytes_written.fetch_add(size, Ordering::Relaxed);
-        if self.bytes.fetch_add(size, Ordering::Relaxed) + size > self.max_bytes {
-            self.evict(&dest);
-        }
-    }
-
-    /// Entries with their sizes and last use.
-    fn entries(&self) -> Vec<(PathBuf, u64, SystemTime)> {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
-        rd.filter_map(Result::ok)
-            .filter(|e| e.path().extension().is_some_and(|x| x == "ffic"))
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((e.path(), m.len(), m.modified().ok()?))
-            })
-            .collect()
-    }
-
-    /// Removes the least recently used entries (never `keep`) until the
-    /// folder fits the cap.
-    fn evict(&self, keep: &Path) {
-        let mut all = self.entries();
-        let mut total: u64 = all.iter().map(|e| e.1).sum();
-        all.sort_by_key(|e| e.2);
-        for (path, len, _) in all {
-            if total <= self.max_bytes {
-                break;
-            }
-            if path != keep && std::fs::remove_file(&path).is_ok() {
-                total -= len;
-            }
-        }
-        self.bytes.store(total, Ordering::Relaxed);
+        self.folder.added(size, &dest);
     }
 
     /// Entries found valid.
@@ -212,7 +148,7 @@ impl ImageDiskCache {
     }
     /// The folder's bytes (this process's estimate).
     pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+        self.folder.bytes()
     }
 }
 
@@ -254,7 +190,7 @@ mod tests {
         let a = img(3, 8, 5);
         c.put(&k1, &a);
         assert_eq!(c.get(&k1).unwrap().data, a.data);
-        let path = c.entry(&k1);
+        let path = c.folder.entry(&k1);
         let whole = std::fs::read(&path).unwrap();
         // Truncated, a flipped pixel, another key's entry under this name.
         let mut flipped = whole.clone();
@@ -290,7 +226,7 @@ mod tests {
         assert!(c.get(&keys[0]).is_some(), "0 is now the most recent");
         std::thread::sleep(std::time::Duration::from_millis(20));
         c.put(&keys[3], &img(9, 10, 10));
-        let total: u64 = c.entries().iter().map(|e| e.1).sum();
+        let total: u64 = c.folder.scan().iter().map(|e| e.1).sum();
         assert!(total <= 3 * one);
         assert!(c.get(&keys[1]).is_none(), "the least recently used went");
         assert!(c.get(&keys[0]).is_some() && c.get(&keys[3]).is_some());
@@ -309,7 +245,7 @@ mod tests {
         std::fs::write(&at, b"not a folder").unwrap();
         let k = c.key(b"x", "s");
         c.put(&k, &img(1, 4, 4));
-        assert!(c.unwritable.load(Ordering::Relaxed));
+        assert!(!c.folder.writable());
         assert!(c.get(&k).is_none());
         assert_eq!(c.bytes_written(), 0);
         assert!(

@@ -108,7 +108,7 @@ impl DecodeTransform {
         let Some(disk) = &self.disk else {
             return Ok(decode(bytes, &self.decode)?);
         };
-        let key = disk.key(bytes, &format!("{:?}", self.decode));
+        let key = disk.key(bytes, &self.decode);
         if let Some(img) = disk.get(&key) {
             return Ok(img);
         }
