@@ -54,6 +54,8 @@ pub struct VisionOpts {
     /// bytes and the decode settings (for datasets larger than RAM): later
     /// epochs and runs read pixels instead of decoding. Atomic writes,
     /// checked entries, shared by processes; `--cache-bytes` sits in front.
+    /// A decoded image weighs ~9× its JPEG: this pays where the disk reads
+    /// faster than the decoders make pixels (NVMe, costly decodes).
     #[arg(long, value_name = "DIR")]
     pub image_cache: Option<PathBuf>,
     /// Cap on the image cache folder; least recently used entries go.
