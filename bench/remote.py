@@ -5,12 +5,16 @@ limits the link to 100 and 50 MB/s.
 For each link rate it reports epoch 0 (downloads included) against
 min(link rate, the local CPU-bound rate), later epochs (from the cache)
 against the local rate, and for the tree the next-epoch prefetch on and off
-with a cache that holds half the data. Not a timed test: figures drift with
+with a cache that holds half the data; and side by side webdataset
+(bench/remote_wds.py, with its shard cache) reading the same shards from the
+same server through the same proxy. Not a timed test: figures drift with
 load, so everything is measured in one run.
 
-    python bench/remote.py [--count 2048] [--rounds 1]
+    python bench/remote.py [--count 2048] [--rounds 1] [--shards-only]
 
-Needs `pip install 'moto[server]' boto3` and a release build
+(`PEER_PYTHON` names another interpreter for the webdataset peer.)
+
+Needs `pip install 'moto[server]' boto3 webdataset torch pillow` and a release build
 (`cargo build --release`)."""
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ def epochs(args, env, tmp, name):
     return rates, r.get("remote", {})
 
 
+def presign(moto: Moto, proxy: FaultProxy, key: str) -> str:
+    """A presigned GET of `bench/key` through the proxy (the query-string
+    signature does not cover the host), for a reader without S3 credentials."""
+    url = moto.client().generate_presigned_url(
+        "get_object", Params={"Bucket": "bench", "Key": key}, ExpiresIn=3600)
+    return url.replace(f"127.0.0.1:{moto.port}", f"127.0.0.1:{proxy.port}", 1)
+
+
 def make_shards(src: Path, out: Path, per_shard: int) -> None:
     files = sorted(src.rglob("*.jpg"))
     classes = sorted({p.parent.name for p in files})
@@ -71,6 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--shards-only", action="store_true", help="skip the ImageFolder tree runs")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "--bin", "ferrofeed"], cwd=ROOT, check=True)
     tmp = Path(tempfile.mkdtemp(prefix="ferrofeed-remote-bench-"))
@@ -80,6 +93,7 @@ def main() -> None:
         run(["make-dataset", "vision", tree, "--count", a.count], dict(os.environ))
         shards = tmp / "shards"
         make_shards(tree, shards, 128)
+        shard_names = sorted(p.name for p in shards.iterdir())
         total = moto.upload_tree("bench", "shards", shards)
         tree_bytes = moto.upload_tree("bench", "tree", tree)
         mean = total / a.count
@@ -90,6 +104,18 @@ def main() -> None:
             local, _ = epochs(["vision", shards, *common], dict(os.environ), tmp, "local")
             print(f"round {rnd}: local shards: epoch 0 {local[0]:.0f} img/s, "
                   f"later {max(local[1:]):.0f} img/s")
+            local_stream, _ = epochs(["vision", shards, *common, "--stream-shards"], dict(os.environ), tmp,
+                                     "local-stream")
+            print(f"  local shards, --stream-shards: epoch 0 {local_stream[0]:.0f} img/s, "
+                  f"later {max(local_stream[1:]):.0f} img/s")
+            peer = subprocess.run(
+                [os.environ.get("PEER_PYTHON", sys.executable), str(ROOT / "bench" / "remote_wds.py"),
+                 *[str(shards / n) for n in shard_names], "--cache", str(tmp / f"wds-local-{rnd}"),
+                 "--epochs", "3", "--workers", str(os.cpu_count() or 2)],
+                capture_output=True, text=True)
+            if peer.returncode == 0:
+                w = json.loads(peer.stdout.strip().splitlines()[-1])["images_per_s"]
+                print(f"  webdataset, local shards: epoch 0 {w[0]:.0f} img/s, later {max(w[1:]):.0f} img/s")
             for rate in (100e6, 50e6):
                 proxy = FaultProxy(moto.port)
                 proxy.rate = rate
@@ -98,13 +124,46 @@ def main() -> None:
                 cache = tmp / f"cache-{rnd}-{int(rate)}"
                 got, rem = epochs(["vision", "s3://bench/shards", *common, "--remote-cache", cache],
                                   env, tmp, "remote")
+                # What the server and proxy deliver to plain downloads on
+                # these same CPUs (4 curl at once), with nothing decoding.
+                urls = [presign(moto, proxy, f"shards/{n}") for n in shard_names]
+                t0 = time.monotonic()
+                subprocess.run(["xargs", "-P", "4", "-n", "1", "curl", "-s", "-f", "-o", "/dev/null"],
+                               input="\n".join(urls), text=True, check=True)
+                served = total / (time.monotonic() - t0)
+                print(f"  curl alone @ {rate / 1e6:.0f} MB/s: {served / 1e6:.1f} MB/s "
+                      f"= {served / mean:.0f} img/s")
                 bound = min(link, local[0])
                 print(f"  shards @ {rate / 1e6:.0f} MB/s: epoch 0 {got[0]:.0f} img/s = "
-                      f"{got[0] / bound:.0%} of min(link {link:.0f}, local {local[0]:.0f}); "
+                      f"{got[0] / bound:.0%} of min(link {link:.0f}, local {local[0]:.0f}), "
+                      f"{got[0] / min(served / mean, local[0]):.0%} of min(curl alone, local); "
                       f"later {max(got[1:]):.0f} = {max(got[1:]) / max(local[1:]):.0%} of local; "
                       f"{rem['bytes_downloaded'] / 1e6:.1f} MB downloaded "
                       f"at {rem['download_mb_per_s']:.1f} MB/s")
-                for prefetch in ("true", "false"):
+                cache = tmp / f"stream-{rnd}-{int(rate)}"
+                st, srem = epochs(["vision", "s3://bench/shards", *common, "--remote-cache", cache,
+                                   "--stream-shards"], env, tmp, "stream")
+                print(f"  shards @ {rate / 1e6:.0f} MB/s, --stream-shards: epoch 0 {st[0]:.0f} img/s = "
+                      f"{st[0] / bound:.0%} of min(link, local), "
+                      f"{st[0] / min(served / mean, local_stream[0]):.0%} of min(curl alone, local streamed "
+                      f"{local_stream[0]:.0f}); later {max(st[1:]):.0f} = {max(st[1:]) / max(local_stream[1:]):.0%} "
+                      f"of local streamed; {srem['bytes_downloaded'] / 1e6:.1f} MB downloaded")
+                # The Python peer on the same shards, server and link.
+                wds_cache = tmp / f"wds-{rnd}-{int(rate)}"
+                peer = subprocess.run(
+                    [os.environ.get("PEER_PYTHON", sys.executable), str(ROOT / "bench" / "remote_wds.py"),
+                     *[presign(moto, proxy, f"shards/{n}") for n in shard_names],
+                     "--cache", str(wds_cache), "--epochs", "3", "--workers", str(os.cpu_count() or 2)],
+                    capture_output=True, text=True)
+                if peer.returncode == 0:
+                    w = json.loads(peer.stdout.strip().splitlines()[-1])["images_per_s"]
+                    print(f"  webdataset (cache_dir) @ {rate / 1e6:.0f} MB/s: epoch 0 {w[0]:.0f} img/s = "
+                          f"{w[0] / bound:.0%} of the bound; later {max(w[1:]):.0f}; "
+                          f"ferrofeed / webdataset: epoch 0 {got[0] / w[0]:.2f}x, "
+                          f"later {max(got[1:]) / max(w[1:]):.2f}x")
+                else:
+                    print(f"  webdataset failed: {peer.stderr.strip().splitlines()[-1:]}")
+                for prefetch in () if a.shards_only else ("true", "false"):
                     cache = tmp / f"tree-{rnd}-{int(rate)}-{prefetch}"
                     got, rem = epochs(
                         ["vision", "s3://bench/tree", *common, "--remote-cache", cache,

@@ -164,7 +164,9 @@ def vision(path: Optional[PathLike] = None, **options: Any) -> Loader:
     vision`` (``batch_size``, ``transform``, ``size``, ``resize``, ``seed``,
     ``shuffle``, ``workers``, ``max_bytes_in_flight``, ``on_error``, ``rank``,
     ``world_size``, ``drop_last``, ``cache_bytes``, ``image_cache`` and
-    ``image_cache_size`` (decoded images on disk), …; ``epochs`` is the
+    ``image_cache_size`` (decoded images on disk), ``stream_shards`` and
+    ``shuffle_buffer`` (WebDataset shards read shard by shard, remote ones
+    downloaded in the epoch's order), …; ``epochs`` is the
     number of epochs planned: with 1 the scan index, which pays from the
     second epoch, is off) plus ``output``
     (``"torch"``/``"numpy"``), ``pin_memory`` (``"auto"``/True/False) and

@@ -141,6 +141,36 @@ def test_shards_give_the_local_batches_and_urls_in_the_index(moto, shards, tmp_p
     assert paths[0] == "s3://data/shards/shard-000.tar#s0_000", paths[:2]
 
 
+def test_streamed_shards_give_the_local_streamed_batches_through_faults(moto, shards, proxy, tmp_path):
+    """--stream-shards: each shard downloaded when the epoch reaches it (in
+    its order, ahead of the workers), the batches those of the local shards
+    read the same way, across two epochs, through 503s and cut bodies; a
+    second run reads the cache."""
+    out, total = shards
+    two = [*COMMON[:1], "2", *COMMON[2:]]
+    want = tmp_path / "local"
+    run(["vision", out, *two, "--stream-shards", "--dump", want], dict(os.environ))
+    proxy.fail_every, proxy.cut_every = 2, 3
+    cache = tmp_path / "cache"
+    for attempt in range(2):
+        d = tmp_path / f"remote{attempt}"
+        rep = tmp_path / f"r{attempt}.json"
+        run(["vision", "s3://data/shards", *two, "--stream-shards", "--dump", d, "--report-json", rep,
+             "--remote-cache", cache], s3_env(proxy.url))
+        assert dumps(d) == dumps(want)
+        remote = json.loads(rep.read_text())["remote"]
+        if attempt == 0:
+            # Cut bodies were received in part before their retries.
+            assert remote["bytes_downloaded"] >= total, remote
+            assert proxy.failed > 0 and proxy.cut > 0
+            assert remote["retries"] >= proxy.failed + proxy.cut - 1, (remote, proxy.failed, proxy.cut)
+        else:
+            assert remote["bytes_downloaded"] == 0, remote
+    index = json.loads((d / "index.json").read_text())
+    assert len(index) == 48
+    assert all(e["path"].startswith("s3://data/shards/shard-00") for e in index), index[:2]
+
+
 def test_a_single_shard_over_plain_http(moto, shards, tmp_path):
     out, _ = shards
     # Plain HTTP carries no credentials: the object is public.

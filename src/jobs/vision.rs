@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
-use ferrofeed_stages::{ImageFolder, ReadFile, TarShards};
+use ferrofeed_core::{BoxError, Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
+use ferrofeed_stages::{ImageFolder, ReadFile, ShardFetch, StreamedShards, TarShards};
 use ferrofeed_vision::jpeg::ScanIndex;
 use ferrofeed_vision::ImageCache;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
@@ -46,6 +46,17 @@ pub struct VisionOpts {
     /// Refuse images whose header claims more pixels.
     #[arg(long, default_value_t = 100_000_000)]
     pub max_pixels: u64,
+    /// WebDataset shards read as a stream: each epoch the shards in a
+    /// seeded order, each opened when a worker reaches it (a remote shard
+    /// downloaded in that order, decoding starting with the first shard
+    /// instead of after the last), samples mixed through a shuffle buffer
+    /// of `--shuffle-buffer` samples instead of a global shuffle.
+    #[arg(long)]
+    pub stream_shards: bool,
+    /// With `--stream-shards`: samples mixed at once (0: a quarter of the
+    /// byte budget over 256 KiB, at most 1,024).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub shuffle_buffer: usize,
     /// Keep decoded images in an LRU cache of this many bytes (e.g. 2GiB), so
     /// later epochs skip decoding.
     #[arg(long, value_parser = super::parse_size, value_name = "SIZE")]
@@ -156,6 +167,9 @@ enum Dataset {
     Shards(Arc<TarShards>),
     /// An ImageFolder tree under a URL, downloaded as the epoch reads it.
     Remote(RemoteFiles),
+    /// WebDataset shards read shard by shard (`--stream-shards`); when
+    /// remote, the object index of each shard, for the read-ahead.
+    Streamed(StreamedShards, Option<Vec<usize>>),
 }
 
 /// A dataset and, when it is remote, its downloads and the local links its
@@ -166,9 +180,16 @@ struct Opened {
     view: Option<Arc<View>>,
 }
 
-fn open_dataset(path: &Path, r: &RemoteArgs) -> Result<Opened, CliError> {
+fn open_dataset(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliError> {
     if remote::is_url(path) {
-        return open_remote(path, r);
+        return open_remote(path, r, stream);
+    }
+    if stream {
+        return Ok(Opened {
+            ds: open_streamed(path)?,
+            remote: None,
+            view: None,
+        });
     }
     Ok(Opened {
         ds: open_local(path)?,
@@ -177,13 +198,70 @@ fn open_dataset(path: &Path, r: &RemoteArgs) -> Result<Opened, CliError> {
     })
 }
 
+/// Local WebDataset shards for `--stream-shards`: a `.tar` file, or the
+/// `.tar` files of a folder in name order.
+fn open_streamed(path: &Path) -> Result<Dataset, CliError> {
+    let tars: Vec<PathBuf> = if path.is_file() {
+        vec![path.to_path_buf()]
+    } else {
+        let entries = std::fs::read_dir(path)
+            .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+        let mut t: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "tar"))
+            .collect();
+        t.sort();
+        t
+    };
+    if tars.is_empty()
+        || !tars
+            .iter()
+            .all(|p| p.extension().is_some_and(|e| e == "tar"))
+    {
+        return Err(CliError::Usage(format!(
+            "{}: --stream-shards reads WebDataset shards (.tar files), and there are none",
+            path.display()
+        )));
+    }
+    Ok(Dataset::Streamed(
+        StreamedShards::local(tars, IMAGE_EXTENSIONS),
+        None,
+    ))
+}
+
 /// WebDataset shards (every `.tar` object) are downloaded in parallel and
 /// indexed; otherwise the URL is an ImageFolder tree, `<class>/<file>`
 /// under the prefix, read object by object.
-fn open_remote(path: &Path, r: &RemoteArgs) -> Result<Opened, CliError> {
+fn open_remote(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliError> {
     let remote = remote::open(path, r)?;
     let url = remote.url().text.clone();
     let tars = remote::with_extension(&remote, &["tar"]);
+    if stream {
+        if tars.is_empty() {
+            return Err(CliError::Usage(format!(
+                "{url}: --stream-shards reads WebDataset shards (.tar objects), and there are none"
+            )));
+        }
+        let names = tars
+            .iter()
+            .map(|&i| remote.objects()[i].url.clone())
+            .collect();
+        let (r, objects) = (Arc::clone(&remote), tars.clone());
+        let fetch: ShardFetch = Arc::new(move |s| {
+            let i = *objects
+                .get(s)
+                .ok_or_else(|| BoxError::from(format!("no shard {s}")))?;
+            Ok(r.fetch_in_order(i)?)
+        });
+        return Ok(Opened {
+            ds: Dataset::Streamed(
+                StreamedShards::new(names, fetch, IMAGE_EXTENSIONS),
+                Some(tars),
+            ),
+            remote: Some(remote),
+            view: None,
+        });
+    }
     if !tars.is_empty() {
         let view = remote::materialize(&remote, &tars, "shards")?;
         let names = tars
@@ -349,6 +427,9 @@ fn builder_for(ds: &Dataset, stage: DecodeTransform, workers: Parallelism) -> Pi
             .stage_with("read", opts, ReadFile::default())
             .stage_with("decode", opts, stage),
         Dataset::Shards(t) => Pipeline::builder(Arc::clone(t)).stage_with("decode", opts, stage),
+        Dataset::Streamed(t, _) => {
+            Pipeline::builder_iterable(t.clone()).stage_with("decode", opts, stage)
+        }
         Dataset::Remote(f) => Pipeline::builder(f.clone())
             .stage_with(
                 "download",
@@ -390,6 +471,22 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
                 chunk_start: None,
             })
             .collect(),
+        // Every shard read (a remote one downloaded) to list its samples
+        // under their stream indices; a shard that cannot be read is left
+        // out here (the run reports it).
+        Dataset::Streamed(t, _) => (0..t.names().len())
+            .filter_map(|s| t.index(s).ok().map(|ix| (s, ix)))
+            .flat_map(|(s, ix)| {
+                (0..ix.len())
+                    .map(|i| IndexEntry {
+                        index: ferrofeed_core::stream_index(s, i),
+                        path: ix.key(i).unwrap_or_default(),
+                        label: ix.get(i).ok().map(|(_, l)| l.0),
+                        chunk_start: None,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
     })
 }
 
@@ -403,7 +500,12 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         Some(p) => p.clone(),
         None => default_dataset(a.common.quiet)?,
     };
-    let opened = open_dataset(&path, &a.common.remote)?;
+    let opened = open_dataset(&path, &a.common.remote, a.vision.stream_shards)?;
+    if a.vision.shuffle_buffer > 0 && !a.vision.stream_shards {
+        return Err(CliError::Usage(
+            "--shuffle-buffer is for --stream-shards (shards read as a stream)".into(),
+        ));
+    }
     let ds = opened.ds.clone();
     let transform = transform_of(&a.vision, TransformArg::Train)?;
     let mut stage = DecodeTransform {
@@ -443,13 +545,25 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     }
     let disk = stage.disk.clone();
     let run_transform = stage.transform;
-    let b = builder_for(&ds, stage, c.workers)
+    let mut b = builder_for(&ds, stage, c.workers)
         .batch_size(c.batch_size)
         .collate(ferrofeed_vision::collate().buffers(pool));
-    let pipeline = c
-        .configure(b, &resources, cpus)?
-        .build()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    if let Dataset::Streamed(t, _) = &ds {
+        let shards = t.names().len();
+        b = b.interleave((shards / (8 * c.workers.resolve(cpus)).max(1)).clamp(1, 16));
+    }
+    let mut b = c.configure(b, &resources, cpus)?;
+    if let (Dataset::Streamed(..), true) = (&ds, c.shuffle) {
+        // Encoded images wait in the buffer before the byte budget counts
+        // them: a quarter of the budget at 256 KiB each, unless given.
+        let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());
+        let items = match a.vision.shuffle_buffer {
+            0 => (budget / 4 / (256 << 10)).clamp(1, 1024),
+            n => n,
+        };
+        b = b.shuffle_buffer(items);
+    }
+    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let ds_images = ds.clone();
     // The strip uses the eval transform when the settings allow one (the
     // same pixels every run), else the run's own.
@@ -488,6 +602,23 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
 /// Read-ahead in each epoch's order for a remote tree; the report's
 /// `remote` figures; the shards' local links kept for the job's life.
 fn attach_remote(job: &mut Job, opened: Opened) {
+    if let (Dataset::Streamed(_, Some(objects)), Some(remote)) = (&opened.ds, &opened.remote) {
+        // The epoch's shard order, as objects: downloaded in that order
+        // ahead of the workers, and the next epoch's first ones after.
+        let (objects, remote) = (objects.clone(), Arc::clone(remote));
+        job.epoch_start = Box::new(move |p, e, more| {
+            let order = |e| {
+                p.shard_order(e).map(|o| {
+                    o.into_iter()
+                        .filter_map(|s| objects.get(s).copied())
+                        .collect::<Vec<_>>()
+                })
+            };
+            if let Some(now) = order(e) {
+                remote.schedule(now, if more { order(e + 1) } else { None });
+            }
+        });
+    }
     if let Dataset::Remote(files) = &opened.ds {
         let files = files.clone();
         job.epoch_start = Box::new(move |p, e, more| {
@@ -558,7 +689,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
         Some(p) => p.clone(),
         None => default_dataset(false)?,
     };
-    let opened = open_dataset(&path, &RemoteArgs::defaults())?;
+    let opened = open_dataset(&path, &RemoteArgs::defaults(), a.vision.stream_shards)?;
     let ds = opened.ds.clone();
     let transform = transform_of(&a.vision, TransformArg::Eval)?;
     let stage = DecodeTransform {

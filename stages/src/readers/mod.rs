@@ -1,5 +1,5 @@
-//! Readers: sources over files, folders and tar shards, and the stage that
-//! reads a file's bytes.
+//! Readers: sources over files, folders and tar shards (indexed, or
+//! streamed shard by shard), and the stage that reads a file's bytes.
 //!
 //! ```no_run
 //! use ferrofeed_stages::ImageFolder;
@@ -8,4 +8,5 @@
 //! ```
 pub(crate) mod files;
 pub(crate) mod folder;
+pub(crate) mod streamed;
 pub(crate) mod tar;

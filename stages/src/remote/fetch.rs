@@ -281,6 +281,22 @@ impl Remote {
         self.inner.fetch(i)
     }
 
+    /// The local path of object `i`, for the pipeline (a streamed shard):
+    /// [`fetch`](Self::fetch) counted against the read-ahead queue, as
+    /// [`read`](Self::read) counts.
+    pub fn fetch_in_order(&self, i: usize) -> Result<PathBuf, RemoteError> {
+        self.inner.note_asked(i);
+        let path = self.inner.fetch(i)?;
+        if !self.inner.ours[i].load(Ordering::Relaxed) {
+            let size = self.inner.objects[i].size;
+            self.inner
+                .counters
+                .from_cache
+                .fetch_add(size, Ordering::Relaxed);
+        }
+        Ok(path)
+    }
+
     /// Object `i`'s bytes, for the pipeline: counts the read against the
     /// read-ahead queue.
     pub fn read(&self, i: usize) -> Result<Bytes, BoxError> {
