@@ -125,6 +125,10 @@ struct Queue {
     started: Option<Instant>,
     asked: u64,
     stop: bool,
+    /// `--download-workers auto`: the climb that sets `allowed`.
+    climb: Option<super::climb::Climb>,
+    /// A download slot found nothing to start since the climb last looked.
+    starved: bool,
 }
 
 struct Inner {
@@ -138,8 +142,6 @@ struct Inner {
     counters: Counters,
     queue: Mutex<Queue>,
     wake: Condvar,
-    /// Mean seconds per download (exponentially weighted), in µs.
-    mean_download_us: AtomicU64,
     read: ReadFile,
 }
 
@@ -217,7 +219,6 @@ impl Remote {
                     ..Queue::default()
                 }),
                 wake: Condvar::new(),
-                mean_download_us: AtomicU64::new(0),
                 read: ReadFile::default(),
             }),
             threads: Mutex::new(Vec::new()),
@@ -354,6 +355,19 @@ impl Remote {
             q.ahead = ahead;
             q.started = Some(Instant::now());
             q.asked = 0;
+            if inner.opts.download_workers.is_none() && q.climb.is_none() {
+                // Large objects (shards) start at two downloads sharing the
+                // link, small ones (files of a tree) at sixteen.
+                let start = if mean >= 1 << 20 { 2 } else { 16 };
+                let bytes = inner.counters.downloaded.load(Ordering::Relaxed);
+                q.climb = Some(super::climb::Climb::new(
+                    start,
+                    MAX_AUTO_WORKERS,
+                    Instant::now(),
+                    bytes,
+                ));
+                q.allowed = start;
+            }
         }
         self.spawn(workers);
         inner.wake.notify_all();
@@ -627,7 +641,6 @@ impl Inner {
         }
         let mut attempt = 0u32;
         loop {
-            let t = Instant::now();
             let fill = self.cache.fill(obj, |f| {
                 self.get_into(obj, f)?;
                 // Marked before the entry appears, so that a reader waiting
@@ -638,10 +651,6 @@ impl Inner {
             match fill {
                 Ok((p, fresh)) => {
                     if fresh {
-                        let us = t.elapsed().as_micros() as u64;
-                        let old = self.mean_download_us.load(Ordering::Relaxed);
-                        let new = if old == 0 { us } else { (old * 7 + us) / 8 };
-                        self.mean_download_us.store(new, Ordering::Relaxed);
                         self.cache.evict();
                     }
                     return Ok(p);
@@ -726,20 +735,6 @@ impl Inner {
         }
     }
 
-    /// Parallel downloads wanted: by Little's law, the rate the pipeline
-    /// asks for objects times the time one download takes, with half again
-    /// as slack.
-    fn auto_workers(&self, q: &Queue) -> usize {
-        let Some(started) = q.started else { return 8 };
-        let secs = started.elapsed().as_secs_f64();
-        let mean = self.mean_download_us.load(Ordering::Relaxed) as f64 / 1e6;
-        if q.asked < 16 || secs < 0.2 || mean == 0.0 {
-            return q.allowed.max(8);
-        }
-        let rate = q.asked as f64 / secs;
-        ((rate * mean * 1.5).ceil() as usize).clamp(2, MAX_AUTO_WORKERS)
-    }
-
     fn prefetch_loop(self: Arc<Self>, id: usize) {
         loop {
             let i = {
@@ -748,13 +743,20 @@ impl Inner {
                     if q.stop {
                         return;
                     }
-                    if self.opts.download_workers.is_none() && id == 0 {
-                        let want = self.auto_workers(&q);
-                        q.allowed = want;
+                    if id == 0 {
+                        let bytes = self.counters.downloaded.load(Ordering::Relaxed);
+                        let starved = std::mem::take(&mut q.starved);
+                        if let Some(c) = q.climb.as_mut() {
+                            let want = c.step(Instant::now(), bytes, starved);
+                            q.allowed = want;
+                        }
                     }
                     let room = q.next < q.order.len() && q.next < q.consumer + q.ahead;
                     if room && id < q.allowed {
                         break;
+                    }
+                    if id < q.allowed {
+                        q.starved = true;
                     }
                     q = match self.wake.wait_timeout(q, Duration::from_millis(50)) {
                         Ok((g, _)) => g,

@@ -8,7 +8,9 @@
 //!   and ETag, shared by processes through lock files, LRU under a cap.
 //! - [`Remote`] lists a prefix, downloads (parallel, retried with backoff,
 //!   cut after a stall), reads ahead in the epoch's order
-//!   ([`Remote::schedule`]) and keeps the report's figures ([`RemoteStats`]).
+//!   ([`Remote::schedule`]), `climb`s to the number of parallel downloads
+//!   that the measured rate rewards, and keeps the report's figures
+//!   ([`RemoteStats`]).
 //! - [`Download`] is the stage `ObjectKey → Bytes`; [`RemoteFiles`] the
 //!   map-style source of `(ObjectKey, Label)` over listed objects.
 //!
@@ -20,6 +22,7 @@
 //! let source = RemoteFiles::new(Arc::clone(&remote), items);
 //! ```
 mod cache;
+mod climb;
 mod fetch;
 mod source;
 mod url;
