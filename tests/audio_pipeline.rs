@@ -461,9 +461,7 @@ fn epoch_chunks(p: &Pipeline, epoch: u64, paths: &[PathBuf]) -> (ChunkMap, usize
 
 fn chunks_by_file(files: AudioFiles, workers: usize, epoch: u64) -> (ChunkMap, usize, u64) {
     use ferrofeed::core::{Parallelism, StageOptions};
-    let paths: Vec<PathBuf> = (0..files.segments().len())
-        .map(|s| files.files()[files.file_of(s).unwrap()].clone())
-        .collect();
+    let paths: Vec<PathBuf> = files.shard_paths();
     let read = files.samples_read();
     let p = Pipeline::builder_iterable(files)
         .stage_with(
@@ -543,9 +541,7 @@ fn long_files_are_read_as_segments_by_several_workers_with_the_chunks_of_one() {
     let cache = FeatureCache::open(cache_dir.path(), 1 << 30).unwrap();
     let split = AudioFiles::scan(dir.path(), opts(4.0)).unwrap();
     let shards = split.segments().len() as u64;
-    let paths: Vec<PathBuf> = (0..split.segments().len())
-        .map(|s| split.files()[split.file_of(s).unwrap()].clone())
-        .collect();
+    let paths: Vec<PathBuf> = split.shard_paths();
     let stage = FeatureStage::new(FeatureConfig::default(), FeatureKind::LogMel).unwrap();
     let p = Pipeline::builder_iterable(CachedFeatures::new(split, stage, Arc::clone(&cache)))
         .seed(11)

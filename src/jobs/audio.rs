@@ -338,9 +338,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     }
     let (files, local) = open(&a.path, &a.audio, c.quiet, &c.remote)?;
     // Each shard's file (a long file's segments share it).
-    let paths: Vec<PathBuf> = (0..files.segments().len())
-        .filter_map(|s| files.file_of(s).map(|f| files.files()[f].clone()))
-        .collect();
+    let paths: Vec<PathBuf> = files.shard_paths();
     let file_count = files.files().len();
     let read = files.samples_read();
     let opts = StageOptions::new().workers(c.workers);

@@ -189,6 +189,15 @@ impl AudioFiles {
         &self.files
     }
 
+    /// The file each shard reads, by shard (a long file's segments share
+    /// it).
+    pub fn shard_paths(&self) -> Vec<PathBuf> {
+        self.segments
+            .iter()
+            .map(|s| self.files[s.file].clone())
+            .collect()
+    }
+
     /// The options.
     pub fn options(&self) -> &StreamOptions {
         &self.opts

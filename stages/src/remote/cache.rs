@@ -181,9 +181,11 @@ impl ObjectCache {
         self.entries().map_or(0, |e| e.iter().map(|x| x.1).sum())
     }
 
-    /// Removes least recently used entries until the folder is under its
-    /// cap; returns how many were removed. Readers that already opened or
-    /// mapped an entry keep their copy.
+    /// Once the folder is past its cap, removes least recently used
+    /// entries until it holds 90% of the cap (so a full cache is rescanned
+    /// once per tenth of its cap downloaded, not per object); returns how
+    /// many were removed. Readers that already opened or mapped an entry
+    /// keep their copy.
     pub fn evict(&self) -> usize {
         let Some(cap) = self.cap else { return 0 };
         if self.bytes.load(Ordering::Relaxed) <= cap {
@@ -195,8 +197,9 @@ impl ObjectCache {
         entries.sort_by_key(|e| e.2);
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
         let mut removed = 0;
+        let low = if total > cap { cap - cap / 10 } else { cap };
         for (p, len, _) in entries {
-            if total <= cap {
+            if total <= low {
                 break;
             }
             if std::fs::remove_file(&p).is_ok() {
