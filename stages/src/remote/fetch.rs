@@ -356,9 +356,10 @@ impl Remote {
             q.started = Some(Instant::now());
             q.asked = 0;
             if inner.opts.download_workers.is_none() && q.climb.is_none() {
-                // Large objects (shards) start at two downloads sharing the
-                // link, small ones (files of a tree) at sixteen.
-                let start = if mean >= 1 << 20 { 2 } else { 16 };
+                // Large objects (shards) start at one download, which gets the
+                // whole link (the first shard arrives soonest), small ones (files
+                // of a tree) at sixteen.
+                let start = if mean >= 1 << 20 { 1 } else { 16 };
                 let bytes = inner.counters.downloaded.load(Ordering::Relaxed);
                 q.climb = Some(super::climb::Climb::new(
                     start,
