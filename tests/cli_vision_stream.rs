@@ -238,3 +238,36 @@ fn stream_shards_settings_that_do_not_apply_are_refused() {
     );
     assert_eq!(report(&rep)["samples"], 8);
 }
+
+#[test]
+fn a_streamed_run_saved_mid_epoch_resumes_exactly() {
+    let d = tempfile::tempdir().unwrap();
+    let shards = write_shards(d.path(), 24, 4, None);
+    let run = |dump: &Path, extra: &[&str]| {
+        let mut args = vec!["--epochs", "2", "--seed", "4", "--workers", "2"];
+        args.extend_from_slice(extra);
+        streamed(&shards, dump, &args)
+    };
+    let state = d.path().join("state.json");
+    let full = run(&d.path().join("full"), &[]);
+    let a = run(
+        &d.path().join("a"),
+        &[
+            "--limit-batches",
+            "8",
+            "--save-state",
+            state.to_str().unwrap(),
+        ],
+    );
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    assert_eq!(
+        saved["epoch"], 1,
+        "8 batches: all 6 of epoch 0 and 2 of epoch 1"
+    );
+    let b = run(&d.path().join("b"), &["--resume", state.to_str().unwrap()]);
+    assert_eq!(full.0.len(), 12);
+    let joined_idx: Vec<Vec<i64>> = a.0.into_iter().chain(b.0).collect();
+    let joined_img: Vec<Vec<u8>> = a.1.into_iter().chain(b.1).collect();
+    assert_eq!(joined_idx, full.0);
+    assert_eq!(joined_img, full.1);
+}
