@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use ferrofeed_core::{BoxError, Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
-use ferrofeed_stages::{ImageFolder, ReadFile, ShardFetch, StreamedShards, TarShards};
+use ferrofeed_stages::{ImageFolder, ReadFile, ShardOpen, StreamedShards, TarShards};
 use ferrofeed_vision::jpeg::ScanIndex;
 use ferrofeed_vision::ImageCache;
 use ferrofeed_vision::{synth, DecodeOptions, DecodeTransform, Image, Transform, IMAGE_EXTENSIONS};
@@ -247,15 +247,15 @@ fn open_remote(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliE
             .map(|&i| remote.objects()[i].url.clone())
             .collect();
         let (r, objects) = (Arc::clone(&remote), tars.clone());
-        let fetch: ShardFetch = Arc::new(move |s| {
+        let open: ShardOpen = Arc::new(move |s| {
             let i = *objects
                 .get(s)
                 .ok_or_else(|| BoxError::from(format!("no shard {s}")))?;
-            Ok(r.fetch_in_order(i)?)
+            Ok(r.open_stream(i)?)
         });
         return Ok(Opened {
             ds: Dataset::Streamed(
-                StreamedShards::new(names, fetch, IMAGE_EXTENSIONS),
+                StreamedShards::new(names, open, IMAGE_EXTENSIONS),
                 Some(tars),
             ),
             remote: Some(remote),
@@ -475,16 +475,17 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
         // under their stream indices; a shard that cannot be read is left
         // out here (the run reports it).
         Dataset::Streamed(t, _) => (0..t.names().len())
-            .filter_map(|s| t.index(s).ok().map(|ix| (s, ix)))
-            .flat_map(|(s, ix)| {
-                (0..ix.len())
-                    .map(|i| IndexEntry {
-                        index: ferrofeed_core::stream_index(s, i),
-                        path: ix.key(i).unwrap_or_default(),
-                        label: ix.get(i).ok().map(|(_, l)| l.0),
+            .filter_map(|s| t.entries(s).ok().map(|e| (s, e)))
+            .flat_map(|(s, entries)| {
+                entries
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(i, (path, label))| IndexEntry {
+                        index: ferrofeed_core::stream_index(s, i as u64),
+                        path,
+                        label,
                         chunk_start: None,
                     })
-                    .collect::<Vec<_>>()
             })
             .collect(),
     })

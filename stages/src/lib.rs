@@ -26,5 +26,5 @@ pub use cache_folder::{cache_key, CacheEntry, CacheFolder};
 pub use components::{Bytes, FilePath, Label};
 pub use readers::files::{Files, LabeledFiles, ReadFile};
 pub use readers::folder::{walk_files, ImageFolder, ScanError};
-pub use readers::streamed::{ShardFetch, StreamedShards};
+pub use readers::streamed::{ShardData, ShardOpen, StreamedShards};
 pub use readers::tar::{TarError, TarShards};

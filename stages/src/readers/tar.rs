@@ -61,6 +61,40 @@ struct TarSample {
     label: Option<Range<usize>>,
 }
 
+/// The label in sample `key`'s `.cls` member: an integer, as text.
+pub(crate) fn parse_label(key: &str, cls: &[u8]) -> Result<i64, String> {
+    let text = std::str::from_utf8(cls).map_err(|_| format!("`{key}.cls` is not text"))?;
+    text.trim()
+        .parse()
+        .map_err(|_| format!("`{key}.cls` holds {:?}, not an integer label", text.trim()))
+}
+
+/// A member's WebDataset key and extension: the key is everything before
+/// the first dot of the file name (with its folder), the extension the rest.
+pub(crate) fn split_member(raw: &str) -> (String, &str) {
+    let (dir, name) = match raw.rfind('/') {
+        Some(i) => (&raw[..=i], &raw[i + 1..]),
+        None => ("", raw),
+    };
+    let (stem, ext) = match name.find('.') {
+        Some(i) => (&name[..i], &name[i + 1..]),
+        None => (name, ""),
+    };
+    (format!("{dir}{stem}"), ext)
+}
+
+/// Whether a member's path is absolute or climbs out (`..`).
+pub(crate) fn unsafe_member(raw: &str) -> bool {
+    let p = Path::new(raw);
+    p.is_absolute()
+        || p.components().any(|c| {
+            matches!(
+                c,
+                PathPart::ParentDir | PathPart::RootDir | PathPart::Prefix(_)
+            )
+        })
+}
+
 /// A map-style source over WebDataset shards; samples start with
 /// `(Bytes, Label)`.
 pub struct TarShards {
@@ -91,15 +125,7 @@ impl TarShards {
             for entry in entries {
                 let entry = entry.map_err(io)?;
                 let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-                let p = Path::new(&raw);
-                if p.is_absolute()
-                    || p.components().any(|c| {
-                        matches!(
-                            c,
-                            PathPart::ParentDir | PathPart::RootDir | PathPart::Prefix(_)
-                        )
-                    })
-                {
+                if unsafe_member(&raw) {
                     return Err(TarError::UnsafeEntry {
                         shard: path.clone(),
                         entry: raw,
@@ -117,17 +143,7 @@ impl TarShards {
                         shard: path.clone(),
                         message: format!("entry `{raw}` runs past the end of the file"),
                     })?;
-                // WebDataset: the key is everything before the first dot of
-                // the file name; the extension is the rest.
-                let (dir, name) = match raw.rfind('/') {
-                    Some(i) => (&raw[..=i], &raw[i + 1..]),
-                    None => ("", raw.as_str()),
-                };
-                let (stem, ext) = match name.find('.') {
-                    Some(i) => (&name[..i], &name[i + 1..]),
-                    None => (name, ""),
-                };
-                let key = format!("{dir}{stem}");
+                let (key, ext) = split_member(&raw);
                 let slot = *by_key.entry(key.clone()).or_insert_with(|| {
                     samples.push(TarSample {
                         shard: si as u32,
@@ -197,15 +213,7 @@ impl Source for TarShards {
             .label
             .clone()
             .ok_or_else(|| format!("sample `{}` has no .cls member", s.key))?;
-        let text =
-            std::str::from_utf8(&map[label]).map_err(|_| format!("`{}.cls` is not text", s.key))?;
-        let label: i64 = text.trim().parse().map_err(|_| {
-            format!(
-                "`{}.cls` holds {:?}, not an integer label",
-                s.key,
-                text.trim()
-            )
-        })?;
+        let label = parse_label(&s.key, &map[label])?;
         Ok((
             Bytes::Mapped {
                 map: Arc::clone(map),

@@ -20,6 +20,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::cache::ObjectCache;
+use super::stream::{ChunkReader, Progress};
 use super::url::RemoteUrl;
 use super::{BoxError, RemoteError};
 use crate::components::Bytes;
@@ -142,6 +143,9 @@ struct Inner {
     counters: Counters,
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Downloads under way that readers follow chunk by chunk (see
+    /// [`Remote::open_stream`]).
+    streams: Mutex<std::collections::HashMap<usize, Arc<Progress>>>,
     read: ReadFile,
 }
 
@@ -219,6 +223,7 @@ impl Remote {
                     ..Queue::default()
                 }),
                 wake: Condvar::new(),
+                streams: Mutex::new(std::collections::HashMap::new()),
                 read: ReadFile::default(),
             }),
             threads: Mutex::new(Vec::new()),
@@ -296,6 +301,62 @@ impl Remote {
                 .fetch_add(size, Ordering::Relaxed);
         }
         Ok(path)
+    }
+
+    /// Object `i` for the pipeline (a streamed shard), counted against the
+    /// read-ahead queue: its cache entry when it is there, else a stream of
+    /// its download, followed chunk by chunk as the bytes arrive (the
+    /// read-ahead's, or one started here), so its first bytes are read
+    /// before its last ones arrive. A download that fails after its
+    /// retries is an error of the read, naming the URL.
+    pub fn open_stream(&self, i: usize) -> Result<crate::ShardData, RemoteError> {
+        let inner = &self.inner;
+        inner.note_asked(i);
+        let obj = inner.objects.get(i).ok_or_else(|| RemoteError::Download {
+            url: inner.url.text.clone(),
+            attempts: 0,
+            message: format!("object {i} is past the end of the listing"),
+        })?;
+        if let Some(p) = inner.cache.lookup(obj) {
+            if !inner.ours[i].load(Ordering::Relaxed) {
+                inner
+                    .counters
+                    .from_cache
+                    .fetch_add(obj.size, Ordering::Relaxed);
+            }
+            return Ok(crate::ShardData::File(p));
+        }
+        let (progress, start) = {
+            let mut streams = inner.streams.lock().map_err(|_| RemoteError::Download {
+                url: obj.url.clone(),
+                attempts: 0,
+                message: "download registry poisoned".into(),
+            })?;
+            match streams.get(&i) {
+                Some(p) => (Arc::clone(p), false),
+                None => {
+                    let p = Arc::new(Progress::default());
+                    streams.insert(i, Arc::clone(&p));
+                    (p, true)
+                }
+            }
+        };
+        if start {
+            let inner = Arc::clone(inner);
+            std::thread::Builder::new()
+                .name("ferrofeed-download-stream".into())
+                .spawn(move || {
+                    let _ = inner.fetch(i);
+                })
+                .map_err(|e| RemoteError::Download {
+                    url: obj.url.clone(),
+                    attempts: 0,
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(crate::ShardData::Stream(Box::new(ChunkReader::new(
+            progress,
+        ))))
     }
 
     /// Object `i`'s bytes, for the pipeline: counts the read against the
@@ -631,7 +692,18 @@ fn retryable(e: &BoxError) -> bool {
 }
 
 impl Inner {
+    /// [`fetch_entry`](Self::fetch_entry), and the end of any stream that
+    /// follows the download.
     fn fetch(&self, i: usize) -> Result<PathBuf, RemoteError> {
+        let r = self.fetch_entry(i);
+        let followed = self.streams.lock().ok().and_then(|mut s| s.remove(&i));
+        if let Some(p) = followed {
+            p.finish(r.as_ref().map(Clone::clone).map_err(ToString::to_string));
+        }
+        r
+    }
+
+    fn fetch_entry(&self, i: usize) -> Result<PathBuf, RemoteError> {
         let obj = self.objects.get(i).ok_or_else(|| RemoteError::Download {
             url: self.url.text.clone(),
             attempts: 0,
@@ -643,7 +715,7 @@ impl Inner {
         let mut attempt = 0u32;
         loop {
             let fill = self.cache.fill(obj, |f| {
-                self.get_into(obj, f)?;
+                self.get_into(i, obj, f)?;
                 // Marked before the entry appears, so that a reader waiting
                 // on this download never counts it as a cache hit.
                 self.ours[i].store(true, Ordering::Relaxed);
@@ -674,8 +746,21 @@ impl Inner {
     }
 
     /// One GET of `obj` streamed into `f`.
-    fn get_into(&self, obj: &RemoteObject, f: &mut std::fs::File) -> Result<(), BoxError> {
+    fn get_into(
+        &self,
+        i: usize,
+        obj: &RemoteObject,
+        f: &mut std::fs::File,
+    ) -> Result<(), BoxError> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        // A reader following this download (one registered before its
+        // first chunk is written): each attempt publishes from byte 0.
+        let followed = || self.streams.lock().ok().and_then(|s| s.get(&i).cloned());
+        let mut progress = followed();
+        if let Some(p) = &progress {
+            p.restart();
+        }
+        let mut offset = 0u64;
         self.busy(true);
         let stall = self.opts.stall_timeout;
         let path = ObjectPath::from(obj.key.as_str());
@@ -695,6 +780,13 @@ impl Inner {
                             .downloaded
                             .fetch_add(chunk.len() as u64, Ordering::Relaxed);
                         w.write_all(&chunk)?;
+                        if progress.is_none() && offset == 0 {
+                            progress = followed();
+                        }
+                        if let Some(p) = &progress {
+                            p.push(offset, &chunk);
+                        }
+                        offset += chunk.len() as u64;
                     }
                 }
             }

@@ -25,6 +25,7 @@ mod cache;
 mod climb;
 mod fetch;
 mod source;
+mod stream;
 mod url;
 
 pub use cache::ObjectCache;
