@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::batch::Batch;
 use crate::error::{ErrorKind, SampleError};
 use crate::stage::RowFate;
-use crate::table::{BatchRows, Table};
+use crate::table::BatchRows;
 
 use crate::engine::*;
 
@@ -41,9 +41,7 @@ impl Worker {
             && !table.is_empty()
             && table.len() < shared.cfg.batching.size
         {
-            if !shared.batch_bytes_measured() {
-                self.measure_collate(&table);
-            }
+            shared.estimate_batch_bytes(table.nbytes(), table.len());
             // Held, it weighs what it holds (not what admission reserved).
             let mut lease = lease;
             lease.resize(table.nbytes());
@@ -180,21 +178,6 @@ impl Worker {
             log,
             rest: None,
         }
-    }
-}
-
-impl Worker {
-    /// Until collate has been measured, the byte budget admits only the
-    /// task the consumer needs next; where every part is short (shard
-    /// groups smaller than a batch) the consumer collates a first batch
-    /// only once it has merged a batch's worth of parts, all of them read
-    /// one at a time. A held part (or a probed first row) therefore sets a
-    /// provisional figure for a collated row: what the row weighs in its
-    /// table (a collate copies it), replaced by the first real collate's.
-    /// (The collate itself is not run for this: it may count what it sees.)
-    pub(crate) fn measure_collate(&mut self, table: &Table) {
-        self.shared
-            .estimate_batch_bytes(table.nbytes(), table.len());
     }
 }
 

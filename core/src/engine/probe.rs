@@ -5,7 +5,7 @@
 //! segment is not yet measured therefore runs the first row of its task
 //! through the segment before the rest and records what it weighs (in the
 //! last segment, also a provisional figure for its collated row: see
-//! `Worker::measure_collate`): the other workers are admitted after one
+//! `Shared::estimate_batch_bytes`): the other workers are admitted after one
 //! row's work instead of one task's.
 //!
 //! The task is unchanged: its rows are read in the same order (an iterable
@@ -52,8 +52,8 @@ impl Worker {
         }
         let shared = Arc::clone(&self.shared);
         shared.note_row_bytes(self.seg, front.nbytes(), front.len());
-        if collates && !shared.batch_bytes_measured() {
-            self.measure_collate(front);
+        if collates {
+            shared.estimate_batch_bytes(front.nbytes(), front.len());
         }
     }
 

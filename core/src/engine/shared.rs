@@ -231,18 +231,17 @@ impl Shared {
             .is_some_and(|b| b.load(Ordering::Relaxed) != 0)
     }
 
-    /// Whether collated batches have been measured (see
-    /// [`task_bytes`](Self::task_bytes)).
-    pub(crate) fn batch_bytes_measured(&self) -> bool {
-        self.row_bytes
-            .last()
-            .is_some_and(|b| b.load(Ordering::Relaxed) != 0)
-    }
-
-    /// A provisional figure for a collated row, while none is measured
-    /// (see [`Worker::measure_collate`]): the first real one replaces it.
+    /// A provisional figure for a collated row, while none is measured:
+    /// until collate has been measured, the byte budget admits only the
+    /// task the consumer needs next, and where every part is short (shard
+    /// groups smaller than a batch) the consumer collates a first batch
+    /// only once it has merged a batch's worth of parts, all of them read
+    /// one at a time. A held part (or a probed first row) therefore sets
+    /// what its rows weigh in their table (a collate copies them); the
+    /// first real collate's figure replaces it. (The collate itself is not
+    /// run for this: it may count what it sees.)
     pub(crate) fn estimate_batch_bytes(&self, bytes: usize, rows: usize) {
-        if rows == 0 || self.batch_bytes_measured() {
+        if rows == 0 || self.segment_measured(self.row_bytes.len() - 1) {
             return;
         }
         self.note_row_bytes(self.row_bytes.len() - 1, bytes, rows);
