@@ -83,7 +83,8 @@ class FaultProxy:
     (it answers `Connection: close`). Settings may change while it runs:
     `rate` (bytes/s over all connections, 0 = unlimited), `fail_every` (every
     n-th request gets a 503), `cut_every` (every n-th GET with a body is cut
-    after half of it), `hang` (requests are read and never answered)."""
+    after half of it), `hang` (requests are read and never answered).
+    `ranged` counts the GETs that asked for a byte range."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream = upstream_port
@@ -94,6 +95,7 @@ class FaultProxy:
         self.requests = 0
         self.failed = 0
         self.cut = 0
+        self.ranged = 0
         self._lock = threading.Lock()
         self._next_send = time.monotonic()
         self.sock = socket.socket()
@@ -159,6 +161,8 @@ class FaultProxy:
             with self._lock:
                 self.requests += 1
                 n = self.requests
+                if head.startswith(b"GET ") and b"\r\nrange:" in head.lower():
+                    self.ranged += 1
             if self.hang:
                 time.sleep(3600)
                 return

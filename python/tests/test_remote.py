@@ -199,6 +199,23 @@ def test_faults_lose_nothing(moto, tree, proxy, tmp_path):
     assert remote["retries"] >= proxy.failed + proxy.cut - 1, (remote, proxy.failed, proxy.cut)
 
 
+def test_a_cut_body_is_resumed_from_where_it_stopped(moto, tree, proxy, tmp_path):
+    """Every other response cut in half: each retry asks for the rest of
+    the object (a ranged GET), so no byte is downloaded twice and the
+    batches are the local ones."""
+    root, total = tree
+    want = dumps(local_run(root, tmp_path, "local"))
+    proxy.cut_every = 2
+    d = tmp_path / "cut"
+    rep = tmp_path / "r.json"
+    run(["vision", "s3://data/tree", *COMMON, "--dump", d, "--report-json", rep,
+         "--remote-cache", tmp_path / "cache", "--download-workers", "4"], s3_env(proxy.url))
+    assert dumps(d) == want
+    remote = json.loads(rep.read_text())["remote"]
+    assert proxy.cut > 10 and proxy.ranged > 0, (proxy.cut, proxy.ranged)
+    assert remote["bytes_downloaded"] == total, (remote, total)
+
+
 def test_eviction_keeps_the_cap_across_epochs(moto, tree, tmp_path):
     root, total = tree
     cap = total // 3

@@ -9,7 +9,7 @@
 //! let first = remote.read(0).unwrap();
 //! println!("{} bytes from {}", first.len(), remote.objects()[0].url);
 //! ```
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -46,8 +46,8 @@ pub struct RemoteOptions {
     pub cache_dir: PathBuf,
     /// Cap on that folder's bytes (least recently used entries go first).
     pub cache_bytes: Option<u64>,
-    /// Parallel downloads; `None` follows the measured download time and
-    /// the rate the pipeline asks for objects (2–32).
+    /// Parallel downloads; `None` starts at 1 (objects of 1 MiB or more on
+    /// average) or 16 and adds one while that raises the measured rate.
     pub download_workers: Option<usize>,
     /// While an epoch runs, download what the next one reads first.
     pub prefetch: bool,
@@ -712,10 +712,38 @@ impl Inner {
         if let Some(p) = self.cache.lookup(obj) {
             return Ok(p);
         }
-        let mut attempt = 0u32;
+        // One count over every attempt: a body cut short is asked again
+        // from where it stopped (a ranged GET into the same temporary
+        // file); a failed fill (say, a short object) starts a new file.
+        let attempt = std::cell::Cell::new(0u32);
+        let may_retry = |e: &BoxError| {
+            if attempt.get() >= self.opts.retries || !retryable(e) {
+                return false;
+            }
+            tracing::debug!("{}: {e}; trying again", obj.url);
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(backoff(self.opts.backoff, attempt.get()));
+            attempt.set(attempt.get() + 1);
+            true
+        };
         loop {
             let fill = self.cache.fill(obj, |f| {
-                self.get_into(i, obj, f)?;
+                let mut from = 0u64;
+                loop {
+                    let Err(e) = self.get_into(i, obj, f, from) else {
+                        break;
+                    };
+                    if !may_retry(&e) {
+                        return Err(e);
+                    }
+                    // What reached the file stays. A resumed request that
+                    // failed before its first byte (the server ignores
+                    // ranges, or the object changed) is asked whole next.
+                    let at = f.stream_position()?;
+                    from = if from > 0 && at == from { 0 } else { at };
+                    f.set_len(from)?;
+                    f.seek(SeekFrom::Start(from))?;
+                }
                 // Marked before the entry appears, so that a reader waiting
                 // on this download never counts it as a cache hit.
                 self.ours[i].store(true, Ordering::Relaxed);
@@ -728,16 +756,11 @@ impl Inner {
                     }
                     return Ok(p);
                 }
-                Err(e) if attempt < self.opts.retries && retryable(&e) => {
-                    tracing::debug!("{}: {e}; trying again", obj.url);
-                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(backoff(self.opts.backoff, attempt));
-                    attempt += 1;
-                }
+                Err(e) if may_retry(&e) => {}
                 Err(e) => {
                     return Err(RemoteError::Download {
                         url: obj.url.clone(),
-                        attempts: attempt + 1,
+                        attempts: attempt.get() + 1,
                         message: e.to_string(),
                     })
                 }
@@ -745,53 +768,78 @@ impl Inner {
         }
     }
 
-    /// One GET of `obj` streamed into `f`.
+    /// One GET of `obj` from byte `from` on, streamed into `f` (positioned
+    /// at `from`); after a failure `f`'s position is past what it wrote.
     fn get_into(
         &self,
         i: usize,
         obj: &RemoteObject,
         f: &mut std::fs::File,
+        from: u64,
     ) -> Result<(), BoxError> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         // A reader following this download (one registered before its
-        // first chunk is written): each attempt publishes from byte 0.
+        // first chunk is written): a whole attempt publishes from byte 0,
+        // a resumed one from where the last one stopped.
         let followed = || self.streams.lock().ok().and_then(|s| s.get(&i).cloned());
         let mut progress = followed();
-        if let Some(p) = &progress {
+        if let (Some(p), 0) = (&progress, from) {
             p.restart();
         }
-        let mut offset = 0u64;
+        let mut offset = from;
         self.busy(true);
         let stall = self.opts.stall_timeout;
         let path = ObjectPath::from(obj.key.as_str());
         let result: Result<(), BoxError> = self.rt.block_on(async {
-            let got = tokio::time::timeout(stall, self.store.get(&path))
+            let request = async {
+                if from == 0 {
+                    return self.store.get(&path).await;
+                }
+                let opts = object_store::GetOptions {
+                    range: Some(object_store::GetRange::Offset(from)),
+                    if_match: obj.etag.clone(),
+                    ..Default::default()
+                };
+                self.store.get_opts(&path, opts).await
+            };
+            let got = tokio::time::timeout(stall, request)
                 .await
                 .map_err(|_| format!("no answer in {stall:?}"))??;
+            if got.range.start != from {
+                return Err(format!(
+                    "asked for bytes from {from}, got them from {}",
+                    got.range.start
+                )
+                .into());
+            }
             let mut body = got.into_stream();
             let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut *f);
-            loop {
-                match tokio::time::timeout(stall, body.next()).await {
-                    Err(_) => return Err(format!("body stalled for {stall:?}").into()),
-                    Ok(None) => break,
-                    Ok(Some(chunk)) => {
-                        let chunk = chunk?;
-                        self.counters
-                            .downloaded
-                            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                        w.write_all(&chunk)?;
-                        if progress.is_none() && offset == 0 {
-                            progress = followed();
+            let streamed: Result<(), BoxError> = async {
+                loop {
+                    match tokio::time::timeout(stall, body.next()).await {
+                        Err(_) => return Err(format!("body stalled for {stall:?}").into()),
+                        Ok(None) => return Ok(()),
+                        Ok(Some(chunk)) => {
+                            let chunk = chunk?;
+                            self.counters
+                                .downloaded
+                                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            w.write_all(&chunk)?;
+                            if progress.is_none() && offset == 0 {
+                                progress = followed();
+                            }
+                            if let Some(p) = &progress {
+                                p.push(offset, &chunk);
+                            }
+                            offset += chunk.len() as u64;
                         }
-                        if let Some(p) = &progress {
-                            p.push(offset, &chunk);
-                        }
-                        offset += chunk.len() as u64;
                     }
                 }
             }
+            .await;
+            // What arrived before a break goes to the file too.
             w.flush()?;
-            Ok(())
+            streamed
         });
         self.busy(false);
         result

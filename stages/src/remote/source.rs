@@ -121,13 +121,18 @@ mod tests {
     use crate::remote::{RemoteError, RemoteOptions, RemoteUrl};
 
     /// An in-memory store whose first `cut` GETs send half the body and
-    /// then fail, and whose GETs fail outright while `down` is set.
+    /// then fail, whose GETs fail outright while `down` is set, and whose
+    /// ranged GETs fail before their body while `no_ranges` is set (as
+    /// object_store does on a server that answers a range with the whole
+    /// object). `ranged` counts the ranged GETs.
     #[derive(Debug)]
     struct Flaky {
         inner: InMemory,
         cut: AtomicUsize,
         gets: AtomicUsize,
+        ranged: AtomicUsize,
         down: std::sync::atomic::AtomicBool,
+        no_ranges: std::sync::atomic::AtomicBool,
     }
 
     impl std::fmt::Display for Flaky {
@@ -155,6 +160,15 @@ mod tests {
                     store: "flaky",
                     source: "connection refused".into(),
                 });
+            }
+            if o.range.is_some() {
+                self.ranged.fetch_add(1, Ordering::SeqCst);
+                if self.no_ranges.load(Ordering::SeqCst) {
+                    return Err(object_store::Error::Generic {
+                        store: "flaky",
+                        source: "Received non-partial response when range requested".into(),
+                    });
+                }
             }
             let mut r = self.inner.get_opts(l, o).await?;
             if self
@@ -205,7 +219,9 @@ mod tests {
             inner: InMemory::new(),
             cut: AtomicUsize::new(cut),
             gets: AtomicUsize::new(0),
+            ranged: AtomicUsize::new(0),
             down: false.into(),
+            no_ranges: false.into(),
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -249,8 +265,17 @@ mod tests {
         }
         let s = r.stats();
         assert_eq!(s.retries, 5);
+        // Each cut body was asked again from where it stopped (the first
+        // object's five times: 500 + 250 + 125 + 62 + 31 bytes, then the
+        // rest): no byte came twice.
+        assert_eq!(store.ranged.load(Ordering::SeqCst), 5);
         let total: u64 = r.total_bytes();
-        assert!(s.bytes_downloaded > total, "partial bodies count as egress");
+        assert_eq!(s.bytes_downloaded, total);
+        assert_eq!(
+            s.requests,
+            1 + 12 + 5,
+            "the listing, a GET per object, one per cut"
+        );
         // A second pass is served from the cache: no new request.
         let gets = store.gets.load(Ordering::SeqCst);
         for i in 0..12 {
@@ -266,6 +291,21 @@ mod tests {
         assert_eq!(store.gets.load(Ordering::SeqCst), gets);
         assert_eq!(again.stats().bytes_downloaded, 0);
         assert_eq!(again.stats().bytes_from_cache, total);
+    }
+
+    #[test]
+    fn a_store_that_refuses_ranges_gets_the_whole_object_again() {
+        let store = flaky(3, 1);
+        store.no_ranges.store(true, Ordering::SeqCst);
+        let dir = tempfile::tempdir().unwrap();
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        assert_eq!(&r.read(0).unwrap()[..], &expected(0)[..]);
+        // Cut, the ranged GET refused, then the whole object.
+        assert_eq!(store.gets.load(Ordering::SeqCst), 3);
+        assert_eq!(store.ranged.load(Ordering::SeqCst), 1);
+        let s = r.stats();
+        assert_eq!((s.retries, s.bytes_downloaded), (2, 500 + 1000));
     }
 
     #[test]
