@@ -49,6 +49,7 @@ fn synthetic_dataset_to_logmel_batches() {
 
     let dump = tmp.path().join("dump");
     let rep = tmp.path().join("r.json");
+    let trace = tmp.path().join("trace.json");
     ok(
         &cache,
         &[
@@ -64,6 +65,8 @@ fn synthetic_dataset_to_logmel_batches() {
             dump.to_str().unwrap(),
             "--report-json",
             rep.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
             "--quiet",
         ],
     );
@@ -129,6 +132,27 @@ fn synthetic_dataset_to_logmel_batches() {
         "chunks start every 1.5 s: {starts:?}"
     );
     assert_eq!(chunks as u64, r["samples"].as_u64().unwrap());
+    // Every batch, whether a worker collated it or the consumer did (from
+    // files' short last parts merged), has its collate slice and a flow
+    // from there to its receipt.
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let ids = |ph: &str| {
+        let mut v: Vec<u64> = events
+            .iter()
+            .filter(|e| e["name"] == "batch" && e["ph"] == ph)
+            .map(|e| e["id"].as_u64().unwrap())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(ids("f").len(), feature_files.len());
+    assert_eq!(ids("s"), ids("f"));
+    let collates = events
+        .iter()
+        .filter(|e| e["name"] == "collate" && e["ph"] == "X")
+        .count();
+    assert_eq!(collates, feature_files.len());
 
     let out = ok(
         &cache,

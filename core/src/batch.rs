@@ -177,14 +177,12 @@ impl BufferPool {
             .min_by_key(|(_, b)| b.len())
             .map(|(i, _)| i);
         match best {
-            Some(i) => {
-                let mut b = free.swap_remove(i);
-                b.truncate(lines);
-                b
-            }
+            // Kept whole (a tensor reads only its own length): a 64-row
+            // buffer lent to a 38-row batch still serves the next 64 rows.
+            Some(i) => free.swap_remove(i),
             None => {
                 drop(free);
-                vec![Line([0; 64]); lines]
+                zeroed_lines(lines)
             }
         }
     }
@@ -221,6 +219,14 @@ struct Line([u8; 64]);
 // SAFETY: plain bytes.
 unsafe impl bytemuck::Zeroable for Line {}
 unsafe impl bytemuck::Pod for Line {}
+
+/// `n` zeroed lines from the allocator's zeroed path: fresh pages from
+/// the kernel are zero already and are not touched here, so a new batch
+/// buffer's pages are faulted in once, by the collate's writes, instead
+/// of once by a fill and written again.
+fn zeroed_lines(n: usize) -> Vec<Line> {
+    bytemuck::allocation::zeroed_vec(n)
+}
 
 enum Storage {
     Inline([u64; 8]),
@@ -283,7 +289,7 @@ impl Tensor {
         let storage = if len_bytes <= 64 {
             Storage::Inline([0; 8])
         } else {
-            Storage::Owned(vec![Line([0; 64]); len_bytes.div_ceil(64)])
+            Storage::Owned(zeroed_lines(len_bytes.div_ceil(64)))
         };
         Tensor {
             dtype,
@@ -613,6 +619,26 @@ mod tests {
         );
         let one = Tensor::from_slice(&[7u8], &[1]).to_npy();
         assert!(std::str::from_utf8(&one[10..]).unwrap().contains("(1,)"));
+    }
+
+    #[test]
+    fn a_pooled_buffer_lent_to_a_short_tensor_still_serves_a_full_one() {
+        let pool = BufferPool::new(4);
+        let full = Tensor::uninit_in(&pool, DType::F32, &[64, 1000]);
+        let at = full.as_bytes().as_ptr();
+        drop(full);
+        let short = Tensor::uninit_in(&pool, DType::F32, &[38, 1000]);
+        assert_eq!(short.as_bytes().len(), 38 * 4000);
+        assert_eq!(short.as_bytes().as_ptr(), at);
+        drop(short);
+        // The next full batch gets the same memory, not a new allocation.
+        let again = Tensor::uninit_in(&pool, DType::F32, &[64, 1000]);
+        assert_eq!(again.as_bytes().as_ptr(), at);
+        assert_eq!(pool.idle(), 0);
+        assert!(Tensor::zeros(DType::U8, &[1 << 20])
+            .as_bytes()
+            .iter()
+            .all(|&b| b == 0));
     }
 
     #[test]

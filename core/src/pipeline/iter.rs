@@ -326,6 +326,13 @@ impl<'p> EpochIter<'p> {
         self.local.seg = shared.segments.len() - 1;
         let out = self.local.collate(msg, self.epoch, false);
         self.local.stats.flush(shared);
+        if let Some(sink) = &shared.trace {
+            // This thread's collate slices, on the consumer's track.
+            for e in &mut self.local.trace_buf {
+                e.tid = 0;
+            }
+            sink.flush(&mut self.local.trace_buf);
+        }
         self.summary.retries += out.log.retries;
         self.summary.skipped.extend(out.log.skipped);
         for mut b in out.batches {
