@@ -130,6 +130,20 @@ struct Queue {
     climb: Option<super::climb::Climb>,
     /// A download slot found nothing to start since the climb last looked.
     starved: bool,
+    /// Read-ahead downloads under way, and how many of them are in their
+    /// tail (see [`tail_bytes`]): those no longer count against `allowed`.
+    active: usize,
+    tails: usize,
+}
+
+/// The last bytes of an object's download during which the read-ahead
+/// starts the next one (a quarter of it, at most 4 MiB): the next
+/// request's time to first byte then overlaps this one's end instead of
+/// leaving the link idle between objects. (Measured through the bench's
+/// server and proxy: curl fetching one shard at a time gets 91% of a
+/// 100 MB/s link, two at a time 99%.)
+fn tail_bytes(size: u64) -> u64 {
+    (size / 4).min(4 << 20)
 }
 
 struct Inner {
@@ -695,7 +709,13 @@ impl Inner {
     /// [`fetch_entry`](Self::fetch_entry), and the end of any stream that
     /// follows the download.
     fn fetch(&self, i: usize) -> Result<PathBuf, RemoteError> {
-        let r = self.fetch_entry(i);
+        self.fetch_as(i, false)
+    }
+
+    /// [`fetch`](Self::fetch); `queued`: for the read-ahead queue, whose
+    /// count of downloads in their tail this one joins near its end.
+    fn fetch_as(&self, i: usize, queued: bool) -> Result<PathBuf, RemoteError> {
+        let r = self.fetch_entry(i, queued);
         let followed = self.streams.lock().ok().and_then(|mut s| s.remove(&i));
         if let Some(p) = followed {
             p.finish(r.as_ref().map(Clone::clone).map_err(ToString::to_string));
@@ -703,7 +723,7 @@ impl Inner {
         r
     }
 
-    fn fetch_entry(&self, i: usize) -> Result<PathBuf, RemoteError> {
+    fn fetch_entry(&self, i: usize, queued: bool) -> Result<PathBuf, RemoteError> {
         let obj = self.objects.get(i).ok_or_else(|| RemoteError::Download {
             url: self.url.text.clone(),
             attempts: 0,
@@ -730,7 +750,7 @@ impl Inner {
             let fill = self.cache.fill(obj, |f| {
                 let mut from = 0u64;
                 loop {
-                    let Err(e) = self.get_into(i, obj, f, from) else {
+                    let Err(e) = self.get_into(i, obj, f, from, queued) else {
                         break;
                     };
                     if !may_retry(&e) {
@@ -776,6 +796,7 @@ impl Inner {
         obj: &RemoteObject,
         f: &mut std::fs::File,
         from: u64,
+        queued: bool,
     ) -> Result<(), BoxError> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         // A reader following this download (one registered before its
@@ -787,6 +808,8 @@ impl Inner {
             p.restart();
         }
         let mut offset = from;
+        let tail_at = obj.size.saturating_sub(tail_bytes(obj.size));
+        let mut in_tail = false;
         self.busy(true);
         let stall = self.opts.stall_timeout;
         let path = ObjectPath::from(obj.key.as_str());
@@ -832,6 +855,10 @@ impl Inner {
                                 p.push(offset, &chunk);
                             }
                             offset += chunk.len() as u64;
+                            if queued && !in_tail && offset >= tail_at {
+                                in_tail = true;
+                                self.tail(true);
+                            }
                         }
                     }
                 }
@@ -842,7 +869,22 @@ impl Inner {
             streamed
         });
         self.busy(false);
+        if in_tail {
+            self.tail(false);
+        }
         result
+    }
+
+    /// A read-ahead download entered (or left) its tail.
+    fn tail(&self, entering: bool) {
+        let Ok(mut q) = self.queue.lock() else { return };
+        if entering {
+            q.tails += 1;
+            drop(q);
+            self.wake.notify_all();
+        } else {
+            q.tails = q.tails.saturating_sub(1);
+        }
     }
 
     fn busy(&self, start: bool) {
@@ -893,10 +935,12 @@ impl Inner {
                         }
                     }
                     let room = q.next < q.order.len() && q.next < q.consumer + q.ahead;
-                    if room && id < q.allowed {
+                    let free = q.active.saturating_sub(q.tails) < q.allowed;
+                    if room && free {
+                        q.active += 1;
                         break;
                     }
-                    if id < q.allowed {
+                    if free {
                         q.starved = true;
                     }
                     q = match self.wake.wait_timeout(q, Duration::from_millis(50)) {
@@ -910,7 +954,11 @@ impl Inner {
             };
             // A failure here is left to the pipeline's own read, which
             // retries and reports it under the error policy.
-            let _ = self.fetch(i);
+            let _ = self.fetch_as(i, true);
+            if let Ok(mut q) = self.queue.lock() {
+                q.active = q.active.saturating_sub(1);
+            }
+            self.wake.notify_all();
         }
     }
 }

@@ -124,7 +124,9 @@ mod tests {
     /// then fail, whose GETs fail outright while `down` is set, and whose
     /// ranged GETs fail before their body while `no_ranges` is set (as
     /// object_store does on a server that answers a range with the whole
-    /// object). `ranged` counts the ranged GETs.
+    /// object). `ranged` counts the ranged GETs. While `paced` is set a
+    /// body comes 64 kB each 5 ms, and `most` is the largest number of
+    /// bodies under way at once.
     #[derive(Debug)]
     struct Flaky {
         inner: InMemory,
@@ -133,6 +135,17 @@ mod tests {
         ranged: AtomicUsize,
         down: std::sync::atomic::AtomicBool,
         no_ranges: std::sync::atomic::AtomicBool,
+        paced: std::sync::atomic::AtomicBool,
+        bodies: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
+    }
+
+    /// One body under way (see [`Flaky::most`]).
+    struct Body(Arc<AtomicUsize>);
+    impl Drop for Body {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     impl std::fmt::Display for Flaky {
@@ -191,6 +204,28 @@ mod tests {
                     }),
                 ];
                 r.payload = GetResultPayload::Stream(Box::pin(futures::stream::iter(parts)));
+            } else if self.paced.load(Ordering::SeqCst) {
+                let GetResultPayload::Stream(s) = r.payload;
+                let all: Vec<u8> = futures::StreamExt::collect::<Vec<_>>(s)
+                    .await
+                    .into_iter()
+                    .flat_map(|b| b.unwrap().to_vec())
+                    .collect();
+                let now = self.bodies.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most.fetch_max(now, Ordering::SeqCst);
+                let body = Body(Arc::clone(&self.bodies));
+                let chunks: Vec<bytes::Bytes> = all
+                    .chunks(64 << 10)
+                    .map(|c| bytes::Bytes::from(c.to_vec()))
+                    .collect();
+                let paced = futures::StreamExt::then(futures::stream::iter(chunks), move |c| {
+                    let _in_flight = &body;
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        Ok(c)
+                    }
+                });
+                r.payload = GetResultPayload::Stream(Box::pin(paced));
             }
             Ok(r)
         }
@@ -222,6 +257,9 @@ mod tests {
             ranged: AtomicUsize::new(0),
             down: false.into(),
             no_ranges: false.into(),
+            paced: false.into(),
+            bodies: Arc::new(AtomicUsize::new(0)),
+            most: Arc::new(AtomicUsize::new(0)),
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -291,6 +329,38 @@ mod tests {
         assert_eq!(store.gets.load(Ordering::SeqCst), gets);
         assert_eq!(again.stats().bytes_downloaded, 0);
         assert_eq!(again.stats().bytes_from_cache, total);
+    }
+
+    #[test]
+    fn read_ahead_of_large_objects_starts_the_next_in_the_last_quarter() {
+        // Three 1.25 MiB objects at 64 kB each 5 ms: `auto` starts large
+        // objects at one download, and each next one begins while the last
+        // quarter of the one before arrives (its time to first byte then
+        // overlaps that one's end).
+        let store = flaky(0, 0);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let big = |i: usize| -> Vec<u8> { (0..(5 << 18)).map(|b| (b + i) as u8).collect() };
+        for i in 0..3 {
+            rt.block_on(store.put(&Path::from(format!("d/o{i}.bin")), big(i).into()))
+                .unwrap();
+        }
+        store.paced.store(true, Ordering::SeqCst);
+        let dir = tempfile::tempdir().unwrap();
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        r.schedule((0..3).collect(), None);
+        let t = std::time::Instant::now();
+        while r.stats().bytes_downloaded < r.total_bytes() && t.elapsed() < Duration::from_secs(20)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(store.gets.load(Ordering::SeqCst), 3);
+        assert!(store.most.load(Ordering::SeqCst) >= 2);
+        for i in 0..3 {
+            assert_eq!(&r.read(i).unwrap()[..], &big(i)[..]);
+        }
     }
 
     #[test]
