@@ -935,7 +935,9 @@ impl Inner {
                         }
                     }
                     let room = q.next < q.order.len() && q.next < q.consumer + q.ahead;
-                    let free = q.active.saturating_sub(q.tails) < q.allowed;
+                    // A download in its tail makes room for one more, up
+                    // to twice the downloads allowed.
+                    let free = q.active.saturating_sub(q.tails.min(q.allowed)) < q.allowed;
                     if room && free {
                         q.active += 1;
                         break;

@@ -124,14 +124,15 @@ mod tests {
     /// then fail, whose GETs fail outright while `down` is set, and whose
     /// ranged GETs fail before their body while `no_ranges` is set (as
     /// object_store does on a server that answers a range with the whole
-    /// object). `ranged` counts the ranged GETs. While `paced` is set a
-    /// body comes 64 kB each 5 ms, and `most` is the largest number of
-    /// bodies under way at once.
+    /// object). `ranged` counts the ranged GETs. While `paced` is set
+    /// bodies come in 64 kB chunks, the first GET's stopping before its
+    /// last fifth until a second body is under way (10 s at most), and `most`
+    /// is the largest number of bodies under way at once.
     #[derive(Debug)]
     struct Flaky {
         inner: InMemory,
         cut: AtomicUsize,
-        gets: AtomicUsize,
+        gets: Arc<AtomicUsize>,
         ranged: AtomicUsize,
         down: std::sync::atomic::AtomicBool,
         no_ranges: std::sync::atomic::AtomicBool,
@@ -184,17 +185,20 @@ mod tests {
                 }
             }
             let mut r = self.inner.get_opts(l, o).await?;
-            if self
+            let cut = self
                 .cut
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
-                .is_ok()
-            {
-                let GetResultPayload::Stream(s) = r.payload;
-                let all: Vec<u8> = futures::StreamExt::collect::<Vec<_>>(s)
-                    .await
-                    .into_iter()
-                    .flat_map(|b| b.unwrap().to_vec())
-                    .collect();
+                .is_ok();
+            if !cut && !self.paced.load(Ordering::SeqCst) {
+                return Ok(r);
+            }
+            let GetResultPayload::Stream(s) = r.payload;
+            let all: Vec<u8> = futures::StreamExt::collect::<Vec<_>>(s)
+                .await
+                .into_iter()
+                .flat_map(|b| b.unwrap().to_vec())
+                .collect();
+            r.payload = if cut {
                 let half = bytes::Bytes::from(all[..all.len() / 2].to_vec());
                 let parts: Vec<Result<bytes::Bytes>> = vec![
                     Ok(half),
@@ -203,14 +207,8 @@ mod tests {
                         source: "connection reset mid-body".into(),
                     }),
                 ];
-                r.payload = GetResultPayload::Stream(Box::pin(futures::stream::iter(parts)));
-            } else if self.paced.load(Ordering::SeqCst) {
-                let GetResultPayload::Stream(s) = r.payload;
-                let all: Vec<u8> = futures::StreamExt::collect::<Vec<_>>(s)
-                    .await
-                    .into_iter()
-                    .flat_map(|b| b.unwrap().to_vec())
-                    .collect();
+                GetResultPayload::Stream(Box::pin(futures::stream::iter(parts)))
+            } else {
                 let now = self.bodies.fetch_add(1, Ordering::SeqCst) + 1;
                 self.most.fetch_max(now, Ordering::SeqCst);
                 let body = Body(Arc::clone(&self.bodies));
@@ -218,15 +216,26 @@ mod tests {
                     .chunks(64 << 10)
                     .map(|c| bytes::Bytes::from(c.to_vec()))
                     .collect();
-                let paced = futures::StreamExt::then(futures::stream::iter(chunks), move |c| {
+                let (n, first) = (chunks.len(), self.gets.load(Ordering::SeqCst) == 1);
+                let bodies = Arc::clone(&self.bodies);
+                let chunks = futures::stream::iter(chunks.into_iter().enumerate());
+                let paced = futures::StreamExt::then(chunks, move |(k, c)| {
                     let _in_flight = &body;
+                    let bodies = Arc::clone(&bodies);
                     async move {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let t = std::time::Instant::now();
+                        while first
+                            && k * 5 >= n * 4
+                            && bodies.load(Ordering::SeqCst) < 2
+                            && t.elapsed() < Duration::from_secs(10)
+                        {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
                         Ok(c)
                     }
                 });
-                r.payload = GetResultPayload::Stream(Box::pin(paced));
-            }
+                GetResultPayload::Stream(Box::pin(paced))
+            };
             Ok(r)
         }
         async fn get_ranges(&self, l: &Path, r: &[Range<u64>]) -> Result<Vec<bytes::Bytes>> {
@@ -253,7 +262,7 @@ mod tests {
         let s = Arc::new(Flaky {
             inner: InMemory::new(),
             cut: AtomicUsize::new(cut),
-            gets: AtomicUsize::new(0),
+            gets: Arc::new(AtomicUsize::new(0)),
             ranged: AtomicUsize::new(0),
             down: false.into(),
             no_ranges: false.into(),
@@ -282,6 +291,12 @@ mod tests {
         }
     }
 
+    /// A [`Remote`] over `s3://b/d` in `store`, caching in `dir`.
+    fn over(store: &Arc<Flaky>, dir: &std::path::Path) -> Remote {
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        Remote::with_store(url, store.clone(), opts(dir)).unwrap()
+    }
+
     fn expected(i: usize) -> Vec<u8> {
         (0..1000 + i).map(|b| (b * 7 + i) as u8).collect()
     }
@@ -290,8 +305,7 @@ mod tests {
     fn cut_bodies_are_retried_and_nothing_is_lost_or_doubled() {
         let store = flaky(12, 5);
         let dir = tempfile::tempdir().unwrap();
-        let url = RemoteUrl::parse("s3://b/d").unwrap();
-        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        let r = over(&store, dir.path());
         assert_eq!(r.objects().len(), 12);
         // Listed in folder-walk order: c0's files, then c1's.
         assert!(
@@ -333,10 +347,11 @@ mod tests {
 
     #[test]
     fn read_ahead_of_large_objects_starts_the_next_in_the_last_quarter() {
-        // Three 1.25 MiB objects at 64 kB each 5 ms: `auto` starts large
-        // objects at one download, and each next one begins while the last
-        // quarter of the one before arrives (its time to first byte then
-        // overlaps that one's end).
+        // Three 1.25 MiB objects: `auto` starts large objects at one
+        // download, and the next one begins while the last quarter of the
+        // one before arrives (its time to first byte then overlaps that
+        // one's end): the first body, held before its last fifth until
+        // then, is still under way when the second starts.
         let store = flaky(0, 0);
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -348,8 +363,7 @@ mod tests {
         }
         store.paced.store(true, Ordering::SeqCst);
         let dir = tempfile::tempdir().unwrap();
-        let url = RemoteUrl::parse("s3://b/d").unwrap();
-        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        let r = over(&store, dir.path());
         r.schedule((0..3).collect(), None);
         let t = std::time::Instant::now();
         while r.stats().bytes_downloaded < r.total_bytes() && t.elapsed() < Duration::from_secs(20)
@@ -368,8 +382,7 @@ mod tests {
         let store = flaky(3, 1);
         store.no_ranges.store(true, Ordering::SeqCst);
         let dir = tempfile::tempdir().unwrap();
-        let url = RemoteUrl::parse("s3://b/d").unwrap();
-        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        let r = over(&store, dir.path());
         assert_eq!(&r.read(0).unwrap()[..], &expected(0)[..]);
         // Cut, the ranged GET refused, then the whole object.
         assert_eq!(store.gets.load(Ordering::SeqCst), 3);
@@ -383,8 +396,7 @@ mod tests {
         let store = flaky(2, 0);
         store.down.store(true, Ordering::SeqCst);
         let dir = tempfile::tempdir().unwrap();
-        let url = RemoteUrl::parse("s3://b/d").unwrap();
-        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        let r = over(&store, dir.path());
         let e = r.read(0).unwrap_err().to_string();
         assert!(
             e.contains("s3://b/d/c0/f000.bin") && e.contains("after 6 attempt"),
@@ -408,8 +420,7 @@ mod tests {
     fn read_ahead_fills_the_cache_in_epoch_order_and_the_view_links_files() {
         let store = flaky(40, 0);
         let dir = tempfile::tempdir().unwrap();
-        let url = RemoteUrl::parse("s3://b/d").unwrap();
-        let r = Remote::with_store(url, store.clone(), opts(dir.path())).unwrap();
+        let r = over(&store, dir.path());
         let order: Vec<usize> = (0..40).rev().collect();
         r.schedule(order, None);
         let t = std::time::Instant::now();
