@@ -555,7 +555,10 @@ fn long_files_are_read_as_segments_by_several_workers_with_the_chunks_of_one() {
         let (got, _) = epoch_chunks(&p, epoch, &paths);
         assert!(got == want, "the cache gives the chunks of decoding whole");
     }
-    assert_eq!((cache.misses(), cache.hits()), (shards, shards));
+    assert_eq!(
+        (cache.folder().misses(), cache.folder().hits()),
+        (shards, shards)
+    );
 
     // The WAV's segments know their lengths from the header, so the epoch
     // length is known as for whole files.

@@ -506,30 +506,7 @@ fn webdataset_shards_run_and_name_members() {
     let data = d.path().join("data");
     make_dataset(&data, 10, 8);
     let shards = d.path().join("shards");
-    std::fs::create_dir_all(&shards).unwrap();
-    for (s, chunk) in jpgs(&data).chunks(5).enumerate() {
-        let f = std::fs::File::create(shards.join(format!("shard-{s:03}.tar"))).unwrap();
-        let mut b = tar::Builder::new(f);
-        for (i, p) in chunk.iter().enumerate() {
-            let key = format!("s{s}_{i}");
-            let label = if i == 2 {
-                "oops".to_string()
-            } else {
-                format!("{}\n", i % 3)
-            };
-            for (name, bytes) in [
-                (format!("{key}.jpg"), std::fs::read(p).unwrap()),
-                (format!("{key}.cls"), label.into_bytes()),
-            ] {
-                let mut h = tar::Header::new_gnu();
-                h.set_size(bytes.len() as u64);
-                h.set_mode(0o644);
-                h.set_cksum();
-                b.append_data(&mut h, name, bytes.as_slice()).unwrap();
-            }
-        }
-        b.into_inner().unwrap();
-    }
+    common::write_shards(&jpgs(&data), &shards, 5, |_, i| i == 2);
     let dump = d.path().join("dump");
     let report = d.path().join("r.json");
     ok(&[

@@ -42,31 +42,9 @@ fn write_shards(dir: &Path, count: u64, shards: usize, bad: Option<(usize, usize
     }
     jpgs.sort();
     let out = dir.join("shards");
-    std::fs::create_dir_all(&out).unwrap();
-    let per = jpgs.len().div_ceil(shards);
-    for (s, chunk) in jpgs.chunks(per).enumerate() {
-        let f = std::fs::File::create(out.join(format!("shard-{s:03}.tar"))).unwrap();
-        let mut b = tar::Builder::new(f);
-        for (i, p) in chunk.iter().enumerate() {
-            let key = format!("s{s}_{i}");
-            let label = if bad == Some((s, i)) {
-                "oops".to_string()
-            } else {
-                format!("{}\n", i % 3)
-            };
-            for (name, bytes) in [
-                (format!("{key}.jpg"), std::fs::read(p).unwrap()),
-                (format!("{key}.cls"), label.into_bytes()),
-            ] {
-                let mut h = tar::Header::new_gnu();
-                h.set_size(bytes.len() as u64);
-                h.set_mode(0o644);
-                h.set_cksum();
-                b.append_data(&mut h, name, bytes.as_slice()).unwrap();
-            }
-        }
-        b.into_inner().unwrap();
-    }
+    common::write_shards(&jpgs, &out, jpgs.len().div_ceil(shards), |s, i| {
+        bad == Some((s, i))
+    });
     out
 }
 

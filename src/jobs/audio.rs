@@ -375,15 +375,18 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
         );
         m.insert("files".to_string(), json!(file_count));
         if let Some(fc) = &cache {
-            m.insert("feature_cache_hits".to_string(), json!(fc.hits()));
-            m.insert("feature_cache_misses".to_string(), json!(fc.misses()));
+            m.insert("feature_cache_hits".to_string(), json!(fc.folder().hits()));
+            m.insert(
+                "feature_cache_misses".to_string(),
+                json!(fc.folder().misses()),
+            );
             m.insert(
                 "feature_cache_bytes_read".to_string(),
-                json!(fc.bytes_read()),
+                json!(fc.folder().bytes_read()),
             );
             m.insert(
                 "feature_cache_bytes_written".to_string(),
-                json!(fc.bytes_written()),
+                json!(fc.folder().bytes_written()),
             );
         }
         m

@@ -583,12 +583,15 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
             m.insert("scan_index_misses".to_string(), json!(s.misses()));
         }
         if let Some(d) = &disk {
-            m.insert("image_cache_hits".to_string(), json!(d.hits()));
-            m.insert("image_cache_misses".to_string(), json!(d.misses()));
-            m.insert("image_cache_bytes_read".to_string(), json!(d.bytes_read()));
+            m.insert("image_cache_hits".to_string(), json!(d.folder().hits()));
+            m.insert("image_cache_misses".to_string(), json!(d.folder().misses()));
+            m.insert(
+                "image_cache_bytes_read".to_string(),
+                json!(d.folder().bytes_read()),
+            );
             m.insert(
                 "image_cache_bytes_written".to_string(),
-                json!(d.bytes_written()),
+                json!(d.folder().bytes_written()),
             );
         }
         m

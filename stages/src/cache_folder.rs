@@ -57,6 +57,12 @@ pub struct CacheFolder {
     seq: AtomicU64,
     unwritable: AtomicBool,
     scanning: Mutex<()>,
+    /// What the cache over this folder found: lookups served and not,
+    /// bytes of entries read and written.
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
 }
 
 impl CacheFolder {
@@ -77,6 +83,10 @@ impl CacheFolder {
             seq: AtomicU64::new(0),
             unwritable: AtomicBool::new(false),
             scanning: Mutex::new(()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
         };
         let now: u64 = f.scan().iter().map(|e| e.1).sum();
         f.bytes.store(now, Ordering::Relaxed);
@@ -139,6 +149,7 @@ impl CacheFolder {
     /// due: past the cap, or after 1/32 of the cap written since this
     /// process last scanned. Returns the entries removed.
     pub fn added(&self, bytes: u64, keep: &Path) -> usize {
+        self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
         let total = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         let since = self.since_scan.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if total > self.cap || since > self.cap / 32 {
@@ -200,6 +211,32 @@ impl CacheFolder {
     /// Scans of the folder so far (opening counts one).
     pub fn scans(&self) -> u64 {
         self.scans.load(Ordering::Relaxed)
+    }
+
+    /// Counts a lookup served by an entry of `bytes`.
+    pub fn hit(&self, bytes: u64) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+    }
+    /// Counts a lookup that found no valid entry.
+    pub fn miss(&self) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Lookups served by an entry.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+    /// Lookups that found no valid entry.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+    /// Bytes of entries read by lookups.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+    /// Bytes of entries this process wrote ([`added`](Self::added)).
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written.load(Ordering::Relaxed)
     }
 }
 

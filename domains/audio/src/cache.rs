@@ -18,7 +18,7 @@
 //! use ferrofeed_audio::FeatureCache;
 //! let dir = std::env::temp_dir().join(format!("ff-doc-cache-{}", std::process::id()));
 //! let cache = FeatureCache::open(&dir, 1 << 30).unwrap();
-//! assert_eq!((cache.hits(), cache.misses()), (0, 0));
+//! assert_eq!((cache.folder().hits(), cache.folder().misses()), (0, 0));
 //! # std::fs::remove_dir_all(&dir).ok();
 //! ```
 use std::fs::File;
@@ -48,10 +48,6 @@ const TRAILER: usize = 4 + 8 + 4 + 4;
 #[derive(Debug)]
 pub struct FeatureCache {
     folder: CacheFolder,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
 }
 
 impl FeatureCache {
@@ -59,28 +55,14 @@ impl FeatureCache {
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Arc<FeatureCache>, std::io::Error> {
         Ok(Arc::new(FeatureCache {
             folder: CacheFolder::open(dir, "ffac", max_bytes)?,
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            bytes_read: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
         }))
     }
 
-    /// Files whose features were read from the cache.
-    pub fn hits(&self) -> u64 {
-        self.hits.load(Ordering::Relaxed)
-    }
-    /// Files whose features were computed.
-    pub fn misses(&self) -> u64 {
-        self.misses.load(Ordering::Relaxed)
-    }
-    /// Bytes of entries read.
-    pub fn bytes_read(&self) -> u64 {
-        self.bytes_read.load(Ordering::Relaxed)
-    }
-    /// Bytes of entries written.
-    pub fn bytes_written(&self) -> u64 {
-        self.bytes_written.load(Ordering::Relaxed)
+    /// The folder and its counts: a hit is a file (or segment) whose
+    /// features were read from the cache, a miss one whose features were
+    /// computed.
+    pub fn folder(&self) -> &CacheFolder {
+        &self.folder
     }
 
     /// The key of `path`'s features under `settings`; `None` when the file
@@ -280,9 +262,6 @@ impl Writer {
         self.out.get_ref().sync_data()?;
         let dest = cache.folder.entry(&self.key);
         std::fs::rename(&self.tmp, &dest)?;
-        cache
-            .bytes_written
-            .fetch_add(self.bytes + 8, Ordering::Relaxed);
         cache.folder.added(self.bytes + 8, &dest);
         Ok(dest)
     }
@@ -367,10 +346,7 @@ impl IterableSource for CachedFeatures {
         let key = FeatureCache::key(&path, &settings);
         let cache = Arc::clone(&self.cache);
         if let Some(e) = key.as_ref().and_then(|k| cache.read(k)) {
-            cache.hits.fetch_add(1, Ordering::Relaxed);
-            cache
-                .bytes_read
-                .fetch_add(e.map.len() as u64, Ordering::Relaxed);
+            cache.folder.hit(e.map.len() as u64);
             self.files
                 .samples_read()
                 .fetch_add(e.total, Ordering::Relaxed);
@@ -380,7 +356,7 @@ impl IterableSource for CachedFeatures {
                     .ok_or_else(|| BoxError::from("feature cache entry changed while read"))
             })));
         }
-        cache.misses.fetch_add(1, Ordering::Relaxed);
+        cache.folder.miss();
         let mut stream =
             ChunkStream::open_segment(&path, self.files.options(), offset, seg.first, seg.count)?;
         let counter = self.files.samples_read();

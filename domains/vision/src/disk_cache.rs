@@ -22,11 +22,10 @@
 //! let img = Image::new(2, 1, vec![1, 2, 3, 4, 5, 6]).unwrap();
 //! cache.put(&key, &img);
 //! assert_eq!(cache.get(&key).unwrap().data, img.data);
-//! assert_eq!((cache.hits(), cache.misses()), (1, 1));
+//! assert_eq!((cache.folder().hits(), cache.folder().misses()), (1, 1));
 //! ```
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferrofeed_stages::{cache_key, CacheFolder};
@@ -42,10 +41,6 @@ const HEADER: usize = 4 + 4 + 16 + 4 + 4 + 4;
 #[derive(Debug)]
 pub struct ImageDiskCache {
     folder: CacheFolder,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
 }
 
 impl ImageDiskCache {
@@ -53,10 +48,6 @@ impl ImageDiskCache {
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Arc<ImageDiskCache>> {
         Ok(Arc::new(ImageDiskCache {
             folder: CacheFolder::open(dir, "ffic", max_bytes)?,
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            bytes_read: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
         }))
     }
 
@@ -80,13 +71,12 @@ impl ImageDiskCache {
         });
         match got {
             Some((img, n)) => {
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                self.folder.hit(n as u64);
                 CacheFolder::touch(&path);
                 Some(img)
             }
             None => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                self.folder.miss();
                 None
             }
         }
@@ -126,29 +116,12 @@ impl ImageDiskCache {
             }
             return;
         }
-        self.bytes_written.fetch_add(size, Ordering::Relaxed);
         self.folder.added(size, &dest);
     }
 
-    /// Entries found valid.
-    pub fn hits(&self) -> u64 {
-        self.hits.load(Ordering::Relaxed)
-    }
-    /// Lookups that found no valid entry.
-    pub fn misses(&self) -> u64 {
-        self.misses.load(Ordering::Relaxed)
-    }
-    /// Bytes of entries read.
-    pub fn bytes_read(&self) -> u64 {
-        self.bytes_read.load(Ordering::Relaxed)
-    }
-    /// Bytes of entries written.
-    pub fn bytes_written(&self) -> u64 {
-        self.bytes_written.load(Ordering::Relaxed)
-    }
-    /// The folder's bytes (this process's estimate).
-    pub fn bytes(&self) -> u64 {
-        self.folder.bytes()
+    /// The folder and its counts (hits: entries found valid).
+    pub fn folder(&self) -> &CacheFolder {
+        &self.folder
     }
 }
 
@@ -247,7 +220,7 @@ mod tests {
         c.put(&k, &img(1, 4, 4));
         assert!(!c.folder.writable());
         assert!(c.get(&k).is_none());
-        assert_eq!(c.bytes_written(), 0);
+        assert_eq!(c.folder().bytes_written(), 0);
         assert!(
             ImageDiskCache::open(&at, 1 << 20).is_err(),
             "a file is no folder"

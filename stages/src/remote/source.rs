@@ -126,8 +126,9 @@ mod tests {
     /// object_store does on a server that answers a range with the whole
     /// object). `ranged` counts the ranged GETs. While `paced` is set
     /// bodies come in 64 kB chunks, the first GET's stopping before its
-    /// last fifth until a second body is under way (10 s at most), and `most`
-    /// is the largest number of bodies under way at once.
+    /// last fifth until a second body has been under way beside it (10 s
+    /// at most), and `most` is the largest number of bodies under way at
+    /// once.
     #[derive(Debug)]
     struct Flaky {
         inner: InMemory,
@@ -217,16 +218,16 @@ mod tests {
                     .map(|c| bytes::Bytes::from(c.to_vec()))
                     .collect();
                 let (n, first) = (chunks.len(), self.gets.load(Ordering::SeqCst) == 1);
-                let bodies = Arc::clone(&self.bodies);
+                let most = Arc::clone(&self.most);
                 let chunks = futures::stream::iter(chunks.into_iter().enumerate());
                 let paced = futures::StreamExt::then(chunks, move |(k, c)| {
                     let _in_flight = &body;
-                    let bodies = Arc::clone(&bodies);
+                    let most = Arc::clone(&most);
                     async move {
                         let t = std::time::Instant::now();
                         while first
                             && k * 5 >= n * 4
-                            && bodies.load(Ordering::SeqCst) < 2
+                            && most.load(Ordering::SeqCst) < 2
                             && t.elapsed() < Duration::from_secs(10)
                         {
                             tokio::time::sleep(Duration::from_millis(1)).await;
