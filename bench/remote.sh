@@ -12,5 +12,5 @@ VENV=${VENV:-${FERROFEED_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrofeed/venv}}
   "$VENV/bin/pip" install -q 'moto[server]' boto3 torch pillow numpy
 "$VENV/bin/python" -c "import webdataset" 2>/dev/null || "$VENV/bin/pip" install -q webdataset
 command -v curl >/dev/null || (apt-get update -qq && apt-get install -y -qq curl)
-cargo build --release -q --bin ferrofeed -p ferrofeed
+# remote.py builds the release binary itself.
 PEER_PYTHON="$VENV/bin/python" "$VENV/bin/python" bench/remote.py "$@"
