@@ -2,6 +2,8 @@
 //! together, item by item, through a seeded shuffle buffer) and read them
 //! part by part; a worker with no group left takes parts from the readers,
 //! and a group's short last part is held back for the consumer to merge.
+//! Once the segment is measured a part is read in slices (see
+//! [`slices`](super::slices)), so its rows start as they arrive.
 //!
 //! ```text
 //! group t: shards order[t·g..] ─▶ part 0, part 1, … (≤ batch_size each; the last may be short → rest)
@@ -136,6 +138,9 @@ pub(crate) struct Handoff {
     /// The part's bytes, counted in the byte budget from the hand-off on
     /// (a part a reader runs itself is counted once it is forwarded).
     pub(crate) lease: Lease,
+    /// A slice of a part its reader is still reading (see
+    /// [`slices`](super::slices)): run and sent back there, not forwarded.
+    pub(crate) reply: Option<flume::Sender<super::slices::Assisted>>,
 }
 
 /// A short part held back: `(shard group position, part, first row held)`.
@@ -375,7 +380,7 @@ impl Worker {
             match got {
                 Ok(h) => {
                     self.meter_begin();
-                    if self.finish_part(job, h).is_none() {
+                    if self.take_handoff(job, h).is_none() {
                         return;
                     }
                 }
@@ -400,6 +405,7 @@ impl Worker {
             mut log,
             done,
             mut lease,
+            reply: _,
         } = h;
         if log.fail.is_none() {
             self.run_segment(&job.run, &mut table, &mut log, &mut lease);
@@ -570,7 +576,22 @@ impl Worker {
                         lease
                     }
                 };
-                let (front, mut table, errs, done, dt) = if bs > 1 && self.needs_probe() {
+                let probe = bs > 1 && self.needs_probe();
+                if let (false, false, Some(slice)) = (probe, tuned, super::slices::slice_rows(bs)) {
+                    let log = std::mem::take(&mut log);
+                    let Some(h) =
+                        self.read_sliced(job, reader.as_mut(), (t, part), (bs, slice), log, lease)
+                    else {
+                        return;
+                    };
+                    match self.finish_part(job, h) {
+                        None => return,
+                        Some(true) => break,
+                        Some(false) => part += 1,
+                    }
+                    continue;
+                }
+                let (front, mut table, errs, done, dt) = if probe {
                     let collates = matches!(job.out, Out::Final(_));
                     self.read_probed(run, reader.as_mut(), bs, &mut log, &mut lease, collates)
                 } else {
@@ -603,6 +624,7 @@ impl Worker {
                     log: std::mem::take(&mut log),
                     done,
                     lease,
+                    reply: None,
                 };
                 // A waiting worker takes the part (with its lease), if one
                 // is free and the byte budget has room for the part this

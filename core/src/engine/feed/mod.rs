@@ -6,7 +6,9 @@
 //! ```text
 //! Work::Map  { plan }                 → map::run_map_source: claim k batches, admit, read, stages, forward
 //! Work::Iter { order, interleave, .. } → iterable::run_iter_source: claim a group, read parts, stages, forward
+//!                                        slices::read_sliced: a part read and run a quarter batch at a time
 //! ```
 
 pub(crate) mod iterable;
 pub(crate) mod map;
+pub(crate) mod slices;
