@@ -8,28 +8,8 @@ use ferrofeed_core::prelude::*;
 use ferrofeed_core::ShardIter;
 use ferrofeed_core::{BuildError, ErrorKind};
 
-#[derive(Clone, Debug, PartialEq)]
-struct Val(i64);
-impl Component for Val {
-    fn nbytes(&self) -> usize {
-        8
-    }
-    fn describe(&self) -> String {
-        self.0.to_string()
-    }
-}
-impl Collatable for Val {
-    type Elem = i64;
-    fn shape(&self) -> Vec<usize> {
-        Vec::new()
-    }
-    fn write(&self, out: &mut [i64]) {
-        out[0] = self.0;
-    }
-}
-
 mod common;
-use common::Blob;
+use common::{Blob, Val};
 
 fn vals(n: u64) -> FnSource<impl Fn(u64) -> Result<Val, BoxError> + Send + Sync> {
     FnSource::new(n, |i| Ok(Val(i as i64)))

@@ -6,27 +6,10 @@ use std::time::{Duration, Instant};
 use ferrofeed_core::prelude::*;
 
 mod common;
-use common::ff_threads;
+use common::{ff_threads, Val};
 use ferrofeed_core::sync::LockExt;
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-#[derive(Clone, Debug, PartialEq)]
-struct Val(i64);
-impl Component for Val {
-    fn nbytes(&self) -> usize {
-        8
-    }
-}
-impl Collatable for Val {
-    type Elem = i64;
-    fn shape(&self) -> Vec<usize> {
-        Vec::new()
-    }
-    fn write(&self, out: &mut [i64]) {
-        out[0] = self.0;
-    }
-}
 
 fn vals(n: u64) -> FnSource<impl Fn(u64) -> Result<Val, BoxError> + Send + Sync> {
     FnSource::new(n, |i| Ok(Val(i as i64)))

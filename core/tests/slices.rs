@@ -9,22 +9,8 @@ use std::time::Duration;
 use ferrofeed_core::prelude::*;
 use ferrofeed_core::ShardIter;
 
-#[derive(Clone, Debug, PartialEq)]
-struct Val(i64);
-impl Component for Val {
-    fn nbytes(&self) -> usize {
-        8
-    }
-}
-impl Collatable for Val {
-    type Elem = i64;
-    fn shape(&self) -> Vec<usize> {
-        Vec::new()
-    }
-    fn write(&self, out: &mut [i64]) {
-        out[0] = self.0;
-    }
-}
+mod common;
+use common::Val;
 
 /// Shards of consecutive numbers; counts the items read, and fails to
 /// yield item `bad`.

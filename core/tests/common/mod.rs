@@ -21,6 +21,27 @@ impl Collatable for Blob {
     }
 }
 
+/// One number as a sample's component (collated as `i64`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Val(pub i64);
+impl Component for Val {
+    fn nbytes(&self) -> usize {
+        8
+    }
+    fn describe(&self) -> String {
+        self.0.to_string()
+    }
+}
+impl Collatable for Val {
+    type Elem = i64;
+    fn shape(&self) -> Vec<usize> {
+        Vec::new()
+    }
+    fn write(&self, out: &mut [i64]) {
+        out[0] = self.0;
+    }
+}
+
 /// Threads of this process started by ferrofeed (named `ff-…`).
 pub fn ff_threads() -> usize {
     std::fs::read_dir("/proc/self/task")
