@@ -11,8 +11,8 @@
 //! in the same order and with the same shuffle, as one read; stages run
 //! row by row. What changes is when rows start: with a streamed shard a
 //! part's first rows are decoded while its last bytes are still on the
-//! wire, and the tail after an epoch's last byte is one slice's work, on two
-//! workers, instead of one part's on one.
+//! wire, and the epoch's last part runs on every idle worker, a slice each,
+//! instead of on one.
 //!
 //! ```text
 //! reader:  read s0 ─▶ segment s0 ─┐ read s1 ─▶ assist ──▶ read s2 ─▶ segment s2 ─┐ read s3 ─▶ segment s3
