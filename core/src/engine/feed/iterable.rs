@@ -379,7 +379,6 @@ impl Worker {
             run.idle_helpers.fetch_sub(1, Ordering::AcqRel);
             match got {
                 Ok(h) => {
-                    self.meter_begin();
                     if self.take_handoff(job, h).is_none() {
                         return;
                     }
@@ -497,6 +496,24 @@ impl Worker {
         Ok((table, lease))
     }
 
+    /// Settles the items a shard could not yield under the policy's final
+    /// verdict (such an item cannot be retried), named by index, key and
+    /// the `source` stage; whether one stops the part.
+    pub(crate) fn settle_source_errors(
+        &mut self,
+        errs: Vec<(u64, BoxError)>,
+        log: &mut TaskLog,
+    ) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let verdict = shared.cfg.policy.final_verdict();
+        let mut failed = false;
+        for (idx, e) in errs {
+            let err = || SampleError::from_box(Some(idx), shared.source.key_of(idx), "source", &e);
+            failed |= matches!(settle(&mut self.stats, log, 0, verdict, err), RowFate::Stop);
+        }
+        failed
+    }
+
     pub(crate) fn read_groups(
         &mut self,
         job: &Job,
@@ -511,7 +528,6 @@ impl Worker {
             return;
         };
         let bs = shared.cfg.batching.size;
-        let policy = shared.cfg.policy;
         let tuned = shared.segments[0].tuned;
         let g = group.max(1);
         let groups = order.len().div_ceil(g) as u64;
@@ -604,15 +620,7 @@ impl Worker {
                 self.stats.timed_ns[0] += dt;
                 self.stats.timed_n[0] += read;
                 self.stats.samples[0] += read;
-                let mut failed = false;
-                for (idx, e) in errs {
-                    // An item the shard could not yield cannot be retried.
-                    let err = || {
-                        SampleError::from_box(Some(idx), shared.source.key_of(idx), "source", &e)
-                    };
-                    let fate = settle(&mut self.stats, &mut log, 0, policy.final_verdict(), err);
-                    failed |= matches!(fate, RowFate::Stop);
-                }
+                let failed = self.settle_source_errors(errs, &mut log);
                 if failed {
                     table.truncate(0);
                 }

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 
 use crate::budget::Lease;
 use crate::error::SampleError;
-use crate::stage::RowFate;
 use crate::table::Table;
 
 use super::iterable::{Handoff, ShardReader};
@@ -71,10 +70,10 @@ impl Worker {
     /// the receiver is gone, else whether it ended its group) or a slice
     /// (run and sent back to its reader).
     pub(crate) fn take_handoff(&mut self, job: &Job, mut h: Handoff) -> Option<bool> {
+        self.meter_begin();
         let Some(reply) = h.reply.take() else {
             return self.finish_part(job, h);
         };
-        self.meter_begin();
         let rows = h.table.len();
         if h.log.fail.is_none() {
             self.run_segment(&job.run, &mut h.table, &mut h.log, &mut h.lease);
@@ -112,10 +111,9 @@ impl Worker {
     ) -> Option<Handoff> {
         let run = &job.run;
         let shared = Arc::clone(&self.shared);
-        let policy = shared.cfg.policy;
         let mut slices: Vec<Slice> = Vec::with_capacity(bs.div_ceil(slice));
         let mut got = 0usize;
-        // Bytes of the slices run so far, and of those away.
+        // Bytes of the slices run so far (an assisted one once it is back).
         let mut ran_bytes = 0usize;
         let mut done = false;
         while got < bs && !done {
@@ -133,16 +131,9 @@ impl Worker {
             self.stats.timed_n[0] += read;
             self.stats.samples[0] += read;
             let mut slog = TaskLog::default();
-            let mut failed = false;
-            for (idx, e) in errs {
-                // An item the shard could not yield cannot be retried.
-                let err =
-                    || SampleError::from_box(Some(idx), shared.source.key_of(idx), "source", &e);
-                let fate = settle(&mut self.stats, &mut slog, 0, policy.final_verdict(), err);
-                failed |= matches!(fate, RowFate::Stop);
-            }
-            // A short read ends the shard group: that slice is the last.
-            let last = done || got >= bs || table.len() < want;
+            let failed = self.settle_source_errors(errs, &mut slog);
+            // (A short read is the group's end: `done` is set.)
+            let last = done || got >= bs;
             lease.grow_to(ran_bytes + table.nbytes());
             if failed {
                 table.truncate(0);
