@@ -519,6 +519,10 @@ fn long_files_are_read_as_segments_by_several_workers_with_the_chunks_of_one() {
     assert_eq!(of(&split, "long.wav"), 11);
     assert!(of(&split, "long.flac") >= 4);
     assert_eq!(of(&split, "short.wav"), 1, "a short file stays whole");
+    // The longest shard: the FLAC's last segment (17 s → 23 chunks: three
+    // of 5, then 8 to the end); unknown when files are not split.
+    assert_eq!(split.longest_shard(), Some(8));
+    assert_eq!(whole.longest_shard(), None);
     for epoch in 0..2 {
         let files = AudioFiles::scan(dir.path(), opts(0.0)).unwrap();
         let (want, _, read) = chunks_by_file(files, 1, epoch);

@@ -204,6 +204,22 @@ fn kind(f: FeaturesArg) -> FeatureKind {
     }
 }
 
+/// `--interleave auto`: up to 16 shards per group, keeping at least eight
+/// groups per worker so every worker has files to decode — but 1 when no
+/// shard holds more than a batch's share of such a group (`longest`
+/// chunks, see [`AudioFiles::longest_shard`]). A group that fits in one
+/// batch adds no file to any batch: short groups are merged into batches
+/// whole, so a batch spans about `batch / longest` files either way, while
+/// one-file groups start the epoch sooner and end it more evenly (a group
+/// is decoded in order, by one worker).
+fn auto_interleave(shards: usize, longest: Option<u64>, batch: usize, workers: usize) -> usize {
+    let cap = (shards / (8 * workers).max(1)).clamp(1, 16);
+    match longest {
+        Some(n) if (cap as u64).saturating_mul(n) <= batch as u64 => 1,
+        _ => cap,
+    }
+}
+
 fn open(
     path: &Option<PathBuf>,
     o: &AudioOpts,
@@ -341,14 +357,20 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     let paths: Vec<PathBuf> = files.shard_paths();
     let file_count = files.files().len();
     let read = files.samples_read();
+    let interleave = match a.audio.interleave {
+        Parallelism::Fixed(n) => n,
+        Parallelism::Auto => auto_interleave(
+            paths.len(),
+            files.longest_shard(),
+            c.batch_size,
+            c.workers.resolve(cpus),
+        ),
+    };
     let opts = StageOptions::new().workers(c.workers);
     let cache = feature_cache(&a.audio)?;
     let b = with_stages(files, stages, opts, cache.as_ref())
         .batch_size(c.batch_size)
-        .interleave(match a.audio.interleave {
-            Parallelism::Fixed(n) => n,
-            Parallelism::Auto => (paths.len() / (8 * c.workers.resolve(cpus)).max(1)).clamp(1, 16),
-        })
+        .interleave(interleave)
         .collate(FeatureCollate::new().buffers(a.audio.pin.pool(c.workers.resolve(cpus), 1)?));
     let mut b = c.configure(b, &resources, cpus)?;
     let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());
@@ -462,4 +484,23 @@ pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_interleave;
+
+    #[test]
+    fn auto_interleave_groups_files_only_where_a_group_outgrows_a_batch() {
+        // 40 files of at most 6 chunks, 2 workers, batch 64: groups of 2
+        // would still fit a batch, so one file per group.
+        assert_eq!(auto_interleave(40, Some(6), 64, 2), 1);
+        // Long shards: a group of 2 holds more than a batch, and mixes.
+        assert_eq!(auto_interleave(40, Some(40), 64, 2), 2);
+        // Lengths unknown (files not split, or MP3s): as before.
+        assert_eq!(auto_interleave(40, None, 64, 2), 2);
+        assert_eq!(auto_interleave(4_000, Some(6), 64, 2), 16);
+        assert_eq!(auto_interleave(4_000, Some(4), 64, 2), 1);
+        assert_eq!(auto_interleave(3, Some(100), 64, 8), 1);
+    }
 }

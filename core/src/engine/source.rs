@@ -84,6 +84,7 @@ impl ErasedSource {
                     capacity,
                     rng: crate::rng::sample_rng(seed),
                     exhausted: false,
+                    failed: Vec::new(),
                 }) as Box<dyn ShardReader>)
             }),
         }

@@ -30,6 +30,9 @@ pub struct AudioFiles {
     lens: Vec<std::sync::OnceLock<Option<u64>>>,
     /// The shards: whole files, or runs of a long file's chunks.
     segments: Vec<Segment>,
+    /// Each file's chunks from its header when planning read it (a file of
+    /// `SEGMENT_MIN_BYTES` or more, with segments on).
+    planned: Vec<Option<u64>>,
 }
 
 /// A shard of [`AudioFiles`]: chunks `first ..` of file `file`, up to
@@ -113,6 +116,7 @@ impl AudioFiles {
         let mut s = AudioFiles {
             lens: files.iter().map(|_| std::sync::OnceLock::new()).collect(),
             segments: Vec::with_capacity(files.len()),
+            planned: vec![None; files.len()],
             files,
             opts,
             samples: Arc::default(),
@@ -137,6 +141,7 @@ impl AudioFiles {
             .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= SEGMENT_MIN_BYTES))
             .and_then(|p| self.header_samples(p))
             .and_then(|n| Some(self.spec()?.chunks_at(n, 0)));
+        self.planned[file] = chunks;
         match (per, chunks) {
             (Some(per), Some(chunks)) if chunks / per >= 2 => {
                 // The last segment runs to the end: at least `per - 1`
@@ -172,6 +177,33 @@ impl AudioFiles {
         let frames = d.frames_hint().filter(|&f| f > 0)?;
         let (rin, rout) = (u64::from(d.sample_rate()), u64::from(self.opts.sample_rate));
         Some((frames * rout).div_ceil(rin.max(1)))
+    }
+
+    /// About the most chunks one shard holds, as planned: a segment's
+    /// count, or a long file's from its header; a file under
+    /// [`SEGMENT_MIN_BYTES`] (about a minute of 16 kHz FLAC or 128 kbit/s
+    /// MP3; its header is not read) counts as one segment. `None` when files
+    /// are not split, or a long file's header gives no exact length (MP3,
+    /// Ogg): its shard may be any length.
+    pub fn longest_shard(&self) -> Option<u64> {
+        let per = self.segment_chunks()?;
+        let mut longest = 0;
+        for seg in &self.segments {
+            let n = match (seg.count, self.planned[seg.file]) {
+                (Some(c), _) => c,
+                (None, Some(all)) => all.saturating_sub(seg.first),
+                (None, None) => {
+                    let small = std::fs::metadata(&self.files[seg.file])
+                        .is_ok_and(|m| m.len() < SEGMENT_MIN_BYTES);
+                    if !small {
+                        return None;
+                    }
+                    per
+                }
+            };
+            longest = longest.max(n);
+        }
+        Some(longest)
     }
 
     /// The shards, in order: whole files and segments of long ones.

@@ -27,6 +27,11 @@ pub(crate) trait ShardReader: Send + 'static {
     /// Up to `max` items as a table, the items that failed, and whether the
     /// shard is exhausted.
     fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool);
+    /// Reads ahead what the next part's first item waits for (the shuffle
+    /// buffer filled, or the group's end), so that this decoding can run
+    /// before the part is admitted; the items, their order and the errors
+    /// [`next_part`](Self::next_part) returns are unchanged.
+    fn fill(&mut self);
     /// Takes over the streams of `other` (a reader of the same source,
     /// from [`into_any`](Self::into_any)), to read them interleaved.
     fn merge(&mut self, other: Box<dyn std::any::Any + Send>);
@@ -54,6 +59,9 @@ pub(crate) struct StreamReader<O> {
     pub(crate) capacity: usize,
     pub(crate) rng: crate::rng::SampleRng,
     pub(crate) exhausted: bool,
+    /// Items that failed while [`fill`](ShardReader::fill) read ahead, for
+    /// the next part.
+    pub(crate) failed: Vec<(u64, BoxError)>,
 }
 
 impl<O> StreamReader<O> {
@@ -78,6 +86,18 @@ impl<O> StreamReader<O> {
         }
         None
     }
+
+    /// Fills the shuffle buffer up to its capacity (or the streams' end);
+    /// items that fail pass straight through into `errs`.
+    fn top_up(&mut self, errs: &mut Vec<(u64, BoxError)>) {
+        while !self.exhausted && self.buffer.len() < self.capacity.max(1) {
+            match self.pull() {
+                None => self.exhausted = true,
+                Some((i, Ok(o))) => self.buffer.push((i, o)),
+                Some((i, Err(e))) => errs.push((i, e)),
+            }
+        }
+    }
 }
 
 impl<O: ComponentSet> ShardReader for StreamReader<O> {
@@ -89,20 +109,18 @@ impl<O: ComponentSet> ShardReader for StreamReader<O> {
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
         self
     }
+    fn fill(&mut self) {
+        let mut errs = std::mem::take(&mut self.failed);
+        self.top_up(&mut errs);
+        self.failed = errs;
+    }
     fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool) {
         use rand::Rng;
         let mut idx = Vec::with_capacity(max);
         let mut vals = Vec::with_capacity(max);
-        let mut errs = Vec::new();
+        let mut errs = std::mem::take(&mut self.failed);
         while idx.len() < max {
-            // Fill the buffer (errors pass straight through).
-            while !self.exhausted && self.buffer.len() < self.capacity.max(1) {
-                match self.pull() {
-                    None => self.exhausted = true,
-                    Some((i, Ok(o))) => self.buffer.push((i, o)),
-                    Some((i, Err(e))) => errs.push((i, e)),
-                }
-            }
+            self.top_up(&mut errs);
             if self.buffer.is_empty() {
                 break;
             }
@@ -543,6 +561,21 @@ impl Worker {
             if t >= groups {
                 return;
             }
+            // The group is opened and its shuffle buffer filled before its
+            // first part is admitted: what the part's first item waits for
+            // is decoded while the budget still waits for a first
+            // measurement (the buffer sits before the budget's accounting),
+            // not after it.
+            let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
+            let mut log = TaskLog::default();
+            let started = Instant::now();
+            let reader = self
+                .open_epoch_group(run.epoch, shards, &mut log)
+                .map(|mut r| {
+                    r.fill();
+                    r
+                });
+            self.stats.timed_ns[0] += started.elapsed().as_nanos() as u64;
             // The lease of the group's first part.
             let first_part = if t == first { skip_parts } else { 0 };
             let Some(lease) = self.admit(run, (t, first_part), Some(shared.window), bs) else {
@@ -550,9 +583,6 @@ impl Worker {
             };
             let mut first_lease = Some(lease);
             self.meter_begin();
-            let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
-            let mut log = TaskLog::default();
-            let reader = self.open_epoch_group(run.epoch, shards, &mut log);
             let Some(mut reader) = reader.filter(|_| log.fail.is_none()) else {
                 let msg = TaskMsg {
                     key: Key { major: t, minor: 0 },
