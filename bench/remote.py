@@ -43,18 +43,38 @@ def run(args, env):
         raise SystemExit(f"{args}: {r.stderr}")
 
 
-def epochs(args, env, tmp, name):
+def cpu_seconds(pid=None):
+    """CPU seconds (user + system) of process `pid`, or of this process
+    (where the proxy's threads run)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def epochs(args, env, tmp, name, server_pid=None):
     """Each epoch's images/s; epoch 0 counts from the start of the process
-    (listing and the downloads made when the run opens included)."""
+    (listing and the downloads made when the run opens included). The
+    remote fields gain `cpu_s`, the command's CPU seconds, and `server_cpu_s`,
+    what the proxy (this process) and the server (`server_pid`) spent
+    meanwhile."""
     rep = tmp / f"{name}.json"
+    c0 = os.times()
+    s0 = cpu_seconds() + (cpu_seconds(server_pid) if server_pid else 0.0)
     t = time.monotonic()
     run([*args, "--report-json", rep, "--quiet"], env)
     wall = time.monotonic() - t
+    c1 = os.times()
+    s1 = cpu_seconds() + (cpu_seconds(server_pid) if server_pid else 0.0)
     r = json.loads(rep.read_text())
     rates = [e["samples_per_s"] for e in r["epochs"]]
     first = wall - sum(e["seconds"] for e in r["epochs"][1:])
     rates[0] = r["epochs"][0]["samples"] / first
-    return rates, r.get("remote", {})
+    rem = dict(r.get("remote", {}))
+    rem["cpu_s"] = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
+    rem["server_cpu_s"] = s1 - s0
+    return rates, rem
 
 
 def presign(moto: Moto, proxy: FaultProxy, key: str) -> str:
@@ -142,9 +162,16 @@ def main() -> None:
                       f"at {rem['download_mb_per_s']:.1f} MB/s")
                 cache = tmp / f"stream-{rnd}-{int(rate)}"
                 st, srem = epochs(["vision", "s3://bench/shards", *common, "--remote-cache", cache,
-                                   "--stream-shards"], env, tmp, "stream")
+                                   "--stream-shards"], env, tmp, "stream", moto.proc.pid)
+                # The same bound with the CPUs shared: what the proxy and
+                # the server spent per image comes off the local rate.
+                ncpu = len(os.sched_getaffinity(0))
+                server_per_image = srem["server_cpu_s"] / a.count
+                shared = 1 / (1 / local_stream[0] + server_per_image / ncpu)
                 print(f"  shards @ {rate / 1e6:.0f} MB/s, --stream-shards: epoch 0 {st[0]:.0f} img/s = "
                       f"{st[0] / bound:.0%} of min(link, local), "
+                      f"{st[0] / min(link, shared):.0%} of min(link, local with the proxy's and server's "
+                      f"{srem['server_cpu_s']:.2f} CPU-s ({shared:.0f} img/s)), "
                       f"{st[0] / min(served / mean, local_stream[0]):.0%} of min(curl alone, local streamed "
                       f"{local_stream[0]:.0f}); later {max(st[1:]):.0f} = {max(st[1:]) / max(local_stream[1:]):.0%} "
                       f"of local streamed; {srem['bytes_downloaded'] / 1e6:.1f} MB downloaded")

@@ -264,7 +264,10 @@ impl PipelineBuilder {
         self
     }
     /// For iterable sources: a per-shard shuffle buffer of this many items,
-    /// seeded by `(seed, epoch, shard)` (default 0: stream order).
+    /// seeded by `(seed, epoch, shard)` (default 0: stream order). Its
+    /// first item leaves once it holds 32, and it holds one more before each
+    /// next one, up to `items`: a streamed shard starts before the buffer
+    /// is full.
     pub fn shuffle_buffer(mut self, items: usize) -> Self {
         self.opts.shuffling.shuffle_buffer = items;
         self

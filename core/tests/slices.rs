@@ -120,6 +120,40 @@ fn batches(p: &Pipeline, epoch: u64) -> Vec<Vec<i64>> {
         .collect()
 }
 
+/// A shuffled stream: the first rows leave the shuffle buffer once it holds
+/// its first items (32), not once it is full (256 here; often a whole
+/// shard), so a streamed shard is decoded as it arrives; the buffer still
+/// grows, the epoch holds every item once, shuffled the same way each run.
+#[test]
+fn a_shuffle_buffer_lets_items_out_before_it_is_full() {
+    let setup = Setup {
+        workers: 1,
+        per: 400,
+        buffer: 256,
+        ..Setup::default()
+    };
+    let (p, seen) = build(&setup);
+    let got = batches(&p, 0).concat();
+    let first_read = seen.lock().unwrap()[0].1;
+    assert!(
+        first_read < 64,
+        "the first row ran after {first_read} items were read"
+    );
+    let mut sorted = got.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..400).collect::<Vec<_>>());
+    assert_ne!(got, (0..400).collect::<Vec<_>>(), "shuffled");
+    // Items travel far: the buffer grew past its first 32.
+    let far = got
+        .iter()
+        .enumerate()
+        .filter(|&(at, &v)| (at as i64 - v).abs() > 64)
+        .count();
+    assert!(far > 100, "{far} items moved more than 64 places");
+    let (again, _) = build(&setup);
+    assert_eq!(batches(&again, 0).concat(), got, "the same order every run");
+}
+
 /// One worker, no shuffle: from the third part on, every row goes through
 /// the stage before the items after its slice (a quarter of a batch) are
 /// read — the stage does not wait for the whole part.

@@ -84,6 +84,7 @@ impl ErasedSource {
                     capacity,
                     rng: crate::rng::sample_rng(seed),
                     exhausted: false,
+                    emitted: 0,
                     failed: Vec::new(),
                 }) as Box<dyn ShardReader>)
             }),

@@ -349,7 +349,7 @@ impl Remote {
             match streams.get(&i) {
                 Some(p) => (Arc::clone(p), false),
                 None => {
-                    let p = Arc::new(Progress::default());
+                    let p = Arc::new(Progress::new(obj.size));
                     streams.insert(i, Arc::clone(&p));
                     (p, true)
                 }
@@ -708,13 +708,13 @@ fn retryable(e: &BoxError) -> bool {
 impl Inner {
     /// [`fetch_entry`](Self::fetch_entry), and the end of any stream that
     /// follows the download.
-    fn fetch(&self, i: usize) -> Result<PathBuf, RemoteError> {
+    fn fetch(self: &Arc<Self>, i: usize) -> Result<PathBuf, RemoteError> {
         self.fetch_as(i, false)
     }
 
     /// [`fetch`](Self::fetch); `queued`: for the read-ahead queue, whose
     /// count of downloads in their tail this one joins near its end.
-    fn fetch_as(&self, i: usize, queued: bool) -> Result<PathBuf, RemoteError> {
+    fn fetch_as(self: &Arc<Self>, i: usize, queued: bool) -> Result<PathBuf, RemoteError> {
         let r = self.fetch_entry(i, queued);
         let followed = self.streams.lock().ok().and_then(|mut s| s.remove(&i));
         if let Some(p) = followed {
@@ -723,7 +723,7 @@ impl Inner {
         r
     }
 
-    fn fetch_entry(&self, i: usize, queued: bool) -> Result<PathBuf, RemoteError> {
+    fn fetch_entry(self: &Arc<Self>, i: usize, queued: bool) -> Result<PathBuf, RemoteError> {
         let obj = self.objects.get(i).ok_or_else(|| RemoteError::Download {
             url: self.url.text.clone(),
             attempts: 0,
@@ -790,8 +790,12 @@ impl Inner {
 
     /// One GET of `obj` from byte `from` on, streamed into `f` (positioned
     /// at `from`); after a failure `f`'s position is past what it wrote.
+    /// The body is read, written and published by a task on the download
+    /// runtime, where the connection's own task runs: a chunk goes from the
+    /// socket to the file and to its readers on one thread, and this one
+    /// sleeps until the GET ends, instead of waking at every chunk.
     fn get_into(
-        &self,
+        self: &Arc<Self>,
         i: usize,
         obj: &RemoteObject,
         f: &mut std::fs::File,
@@ -799,6 +803,28 @@ impl Inner {
         queued: bool,
     ) -> Result<(), BoxError> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        // The same open file: its position moves with what the task writes.
+        let file = f.try_clone()?;
+        let me = Arc::clone(self);
+        let obj = obj.clone();
+        let task = self
+            .rt
+            .spawn(async move { me.stream_into(i, &obj, file, from, queued).await });
+        match self.rt.block_on(task) {
+            Ok(r) => r,
+            Err(e) => Err(format!("the download task ended: {e}").into()),
+        }
+    }
+
+    /// [`get_into`](Self::get_into)'s GET, on the runtime.
+    async fn stream_into(
+        self: Arc<Self>,
+        i: usize,
+        obj: &RemoteObject,
+        file: std::fs::File,
+        from: u64,
+        queued: bool,
+    ) -> Result<(), BoxError> {
         // A reader following this download (one registered before its
         // first chunk is written): a whole attempt publishes from byte 0,
         // a resumed one from where the last one stopped.
@@ -813,7 +839,7 @@ impl Inner {
         self.busy(true);
         let stall = self.opts.stall_timeout;
         let path = ObjectPath::from(obj.key.as_str());
-        let result: Result<(), BoxError> = self.rt.block_on(async {
+        let result: Result<(), BoxError> = async {
             let request = async {
                 if from == 0 {
                     return self.store.get(&path).await;
@@ -836,7 +862,7 @@ impl Inner {
                 .into());
             }
             let mut body = got.into_stream();
-            let mut w = std::io::BufWriter::with_capacity(1 << 16, &mut *f);
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
             let streamed: Result<(), BoxError> = async {
                 loop {
                     match tokio::time::timeout(stall, body.next()).await {
@@ -851,10 +877,11 @@ impl Inner {
                             if progress.is_none() && offset == 0 {
                                 progress = followed();
                             }
+                            let n = chunk.len() as u64;
                             if let Some(p) = &progress {
-                                p.push(offset, &chunk);
+                                p.push(offset, chunk);
                             }
-                            offset += chunk.len() as u64;
+                            offset += n;
                             if queued && !in_tail && offset >= tail_at {
                                 in_tail = true;
                                 self.tail(true);
@@ -867,7 +894,8 @@ impl Inner {
             // What arrived before a break goes to the file too.
             w.flush()?;
             streamed
-        });
+        }
+        .await;
         self.busy(false);
         if in_tail {
             self.tail(false);

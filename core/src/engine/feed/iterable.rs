@@ -47,6 +47,16 @@ pub(crate) struct Stream<O> {
     pub(crate) exhausted: bool,
 }
 
+/// Items a shuffle buffer holds before its first leaves (fewer when its
+/// capacity is smaller). From there it must hold one more before each next
+/// item leaves, up to its capacity, as WebDataset's `initial` does: a
+/// streamed shard's first items are decoded once this many have arrived,
+/// not once the whole buffer (often the whole shard) has, and its last ones
+/// are not all decoded after its last byte; the buffer still grows to its
+/// capacity. Which items leave, and when, depends only on the items and the
+/// seed.
+pub(crate) const SHUFFLE_START: usize = 32;
+
 /// Reads one shard, or several interleaved item by item (round robin), so
 /// that a part holds items of every shard of its group.
 pub(crate) struct StreamReader<O> {
@@ -59,6 +69,8 @@ pub(crate) struct StreamReader<O> {
     pub(crate) capacity: usize,
     pub(crate) rng: crate::rng::SampleRng,
     pub(crate) exhausted: bool,
+    /// Items that have left the buffer (see [`SHUFFLE_START`]).
+    pub(crate) emitted: usize,
     /// Items that failed while [`fill`](ShardReader::fill) read ahead, for
     /// the next part.
     pub(crate) failed: Vec<(u64, BoxError)>,
@@ -87,10 +99,13 @@ impl<O> StreamReader<O> {
         None
     }
 
-    /// Fills the shuffle buffer up to its capacity (or the streams' end);
-    /// items that fail pass straight through into `errs`.
+    /// Fills the shuffle buffer as far as its next item needs (see
+    /// [`SHUFFLE_START`]), or to the streams' end; items that fail pass
+    /// straight through into `errs`.
     fn top_up(&mut self, errs: &mut Vec<(u64, BoxError)>) {
-        while !self.exhausted && self.buffer.len() < self.capacity.max(1) {
+        let cap = self.capacity.max(1);
+        let need = cap.min(SHUFFLE_START.saturating_add(self.emitted));
+        while !self.exhausted && self.buffer.len() < need {
             match self.pull() {
                 None => self.exhausted = true,
                 Some((i, Ok(o))) => self.buffer.push((i, o)),
@@ -130,6 +145,7 @@ impl<O: ComponentSet> ShardReader for StreamReader<O> {
                 0
             };
             let (i, o) = self.buffer.swap_remove(k);
+            self.emitted += 1;
             idx.push(i);
             vals.push(o);
         }
