@@ -30,8 +30,9 @@ pub struct AudioFiles {
     lens: Vec<std::sync::OnceLock<Option<u64>>>,
     /// The shards: whole files, or runs of a long file's chunks.
     segments: Vec<Segment>,
-    /// Each file's chunks from its header when planning read it (a file of
-    /// `SEGMENT_MIN_BYTES` or more, with segments on).
+    /// About the most chunks each file holds, as planning found (segments
+    /// on): from its header, or one segment's for a file under
+    /// `SEGMENT_MIN_BYTES` (whose header is not read); `None`: unknown.
     planned: Vec<Option<u64>>,
 }
 
@@ -136,12 +137,18 @@ impl AudioFiles {
             count: None,
         };
         let per = self.segment_chunks();
-        let chunks = per
-            .and_then(|_| self.files.get(file))
-            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= SEGMENT_MIN_BYTES))
+        let path = per.and_then(|_| self.files.get(file));
+        let bytes = path
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len());
+        let chunks = path
+            .filter(|_| bytes.is_some_and(|n| n >= SEGMENT_MIN_BYTES))
             .and_then(|p| self.header_samples(p))
             .and_then(|n| Some(self.spec()?.chunks_at(n, 0)));
-        self.planned[file] = chunks;
+        self.planned[file] = match bytes {
+            Some(n) if n < SEGMENT_MIN_BYTES => per,
+            _ => chunks,
+        };
         match (per, chunks) {
             (Some(per), Some(chunks)) if chunks / per >= 2 => {
                 // The last segment runs to the end: at least `per - 1`
@@ -186,20 +193,12 @@ impl AudioFiles {
     /// are not split, or a long file's header gives no exact length (MP3,
     /// Ogg): its shard may be any length.
     pub fn longest_shard(&self) -> Option<u64> {
-        let per = self.segment_chunks()?;
         let mut longest = 0;
         for seg in &self.segments {
             let n = match (seg.count, self.planned[seg.file]) {
                 (Some(c), _) => c,
                 (None, Some(all)) => all.saturating_sub(seg.first),
-                (None, None) => {
-                    let small = std::fs::metadata(&self.files[seg.file])
-                        .is_ok_and(|m| m.len() < SEGMENT_MIN_BYTES);
-                    if !small {
-                        return None;
-                    }
-                    per
-                }
+                (None, None) => return None,
             };
             longest = longest.max(n);
         }

@@ -134,7 +134,7 @@ impl Read for ChunkReader {
             self.offset += n as u64;
             return Ok(n);
         }
-        let progress = Arc::clone(&self.progress);
+        let progress = &*self.progress;
         let mut s = progress
             .state
             .lock()
@@ -157,6 +157,9 @@ impl Read for ChunkReader {
                 let pos = self.offset + n as u64;
                 if *at > pos || n == buf.len() {
                     break;
+                }
+                if at + c.len() as u64 <= pos {
+                    continue;
                 }
                 let from = (pos - at) as usize;
                 let k = (c.len() - from).min(buf.len() - n);
