@@ -4,6 +4,7 @@ mid-body, answers some requests with HTTP 503 or never answers."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -148,6 +149,30 @@ class FaultProxy:
         if delay > 0:
             time.sleep(delay)
 
+    def _relay(self, up: socket.socket, conn: socket.socket, length: int, sent: int) -> None:
+        """Passes the rest of the body (to `length` bytes, or until the
+        upstream closes when `length` < 0) from `up` to `conn` through a
+        pipe with `splice`, so that the bytes never enter Python (the proxy
+        shares the CPUs with what it serves): what one read from the server
+        brought, at most 256 kB (2.6 ms of a 100 MB/s link), at a time under
+        the rate limit."""
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 18)
+            while length < 0 or sent < length:
+                want = 1 << 18 if length < 0 else min(1 << 18, length - sent)
+                n = os.splice(up.fileno(), w, want)
+                if n == 0:
+                    return
+                self._throttle(n)
+                moved = 0
+                while moved < n:
+                    moved += os.splice(r, conn.fileno(), n - moved)
+                sent += n
+        finally:
+            os.close(r)
+            os.close(w)
+
     def _serve(self, conn: socket.socket) -> None:
         try:
             got = self._read_head(conn)
@@ -183,8 +208,8 @@ class FaultProxy:
             with socket.create_connection(("127.0.0.1", self.upstream)) as up:
                 up.sendall(request)
                 # The reply is passed on as it arrives (a link, not a
-                # store-and-forward hop): its head first, then its body,
-                # 16 kB at a time under the rate limit.
+                # store-and-forward hop): its head first, then its body
+                # under the rate limit (see `_relay`).
                 got = self._read_head(up)
                 if got is None:
                     return
@@ -209,16 +234,13 @@ class FaultProxy:
                     length //= 2
                 conn.sendall(rhead + b"\r\n\r\n")
                 sent = 0
-                while length < 0 or sent < length:
-                    if not pending:
-                        pending = up.recv(1 << 16)
-                        if not pending:
-                            break
-                    take = 16384 if length < 0 else min(16384, length - sent)
-                    part, pending = pending[:take], pending[take:]
-                    self._throttle(len(part))
-                    conn.sendall(part)
-                    sent += len(part)
+                if pending:
+                    take = len(pending) if length < 0 else min(len(pending), length)
+                    self._throttle(take)
+                    conn.sendall(pending[:take])
+                    sent += take
+                if length < 0 or sent < length:
+                    self._relay(up, conn, length, sent)
         except OSError:
             pass
         finally:
