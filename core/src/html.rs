@@ -20,7 +20,7 @@
 //! ```
 use std::fmt::Write;
 
-use crate::metrics::{Bottleneck, EpochSummary, StageReport, Timeline};
+use crate::metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
 use crate::pipeline::Pipeline;
 
 /// Everything the page shows. [`ReportPage::from_pipeline`] fills it from a
@@ -102,6 +102,18 @@ fn fmt_num(v: f64) -> String {
     } else {
         format!("{v:.2}")
     }
+}
+
+/// The throughput line: each point is the rate over the interval that
+/// ends there, so the first one's rate is drawn from the start of the run
+/// too (a run shorter than one interval still gets a line, not a dot).
+fn throughput_line(pts: &[TimelinePoint]) -> Vec<(f64, f64)> {
+    let mut line = Vec::with_capacity(pts.len() + 1);
+    if let Some(first) = pts.first().filter(|p| p.t_s > 0.0) {
+        line.push((0.0, first.samples_per_s));
+    }
+    line.extend(pts.iter().map(|p| (p.t_s, p.samples_per_s)));
+    line
 }
 
 /// One line of a plot: label, colour, `(x, y)` points.
@@ -369,7 +381,7 @@ impl ReportPage {
                 series: vec![(
                     "collated".into(),
                     self.colour("collate"),
-                    pts.iter().map(|p| (p.t_s, p.samples_per_s)).collect(),
+                    throughput_line(pts),
                 )],
                 limit: None,
                 step: false,
@@ -558,7 +570,6 @@ impl ReportPage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::TimelinePoint;
 
     fn page(points: usize, skipped: usize) -> ReportPage {
         let stage = |name: &str| StageReport {
@@ -590,7 +601,7 @@ mod tests {
                 meters: vec![],
                 points: (0..points)
                     .map(|i| TimelinePoint {
-                        t_s: i as f64 * 0.1,
+                        t_s: (i + 1) as f64 * 0.1,
                         samples_per_s: 500.0 + (i % 7) as f64 * 10.0,
                         bytes_in_flight: (i as u64 % 50) << 20,
                         output_queue_fill: 0.5,
@@ -629,19 +640,32 @@ mod tests {
             assert!(!html.contains(bad), "{bad}");
         }
         assert_eq!(html.matches("<svg").count(), 5);
-        // Every timeline point is in the throughput line.
-        let first_line = html.split("<polyline").nth(1).unwrap();
-        let pts = first_line
-            .split("points=\"")
-            .nth(1)
-            .unwrap()
-            .split('"')
-            .next()
-            .unwrap();
-        assert_eq!(pts.split(' ').count(), Timeline::MAX_POINTS);
+        // Every timeline point is in the throughput line, after its start.
+        assert_eq!(throughput_points(&html).len(), Timeline::MAX_POINTS + 1);
         assert!(html.contains("and 500 more"));
         assert!(html.contains("ferrofeed &lt;test&gt;") && html.contains("bad &lt;data&gt;"));
         assert!(html.contains("data:image/png;base64,iVBORw=="));
+    }
+
+    /// The `x,y` pairs of the page's first line (the throughput).
+    fn throughput_points(html: &str) -> Vec<String> {
+        let line = html.split("<polyline").nth(1).unwrap();
+        let pts = line.split("points=\"").nth(1).unwrap();
+        let pts = pts.split('"').next().unwrap();
+        pts.split(' ').map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_run_shorter_than_one_interval_draws_its_rate_from_the_start() {
+        let html = page(1, 0).render();
+        let pts = throughput_points(&html);
+        assert_eq!(pts.len(), 2, "{pts:?}");
+        let (x0, y0) = pts[0].split_once(',').unwrap();
+        let (x1, y1) = pts[1].split_once(',').unwrap();
+        // From the plot's left edge to the point, at the point's rate.
+        assert_eq!(x0, format!("{L:.1}"));
+        assert!(x1.parse::<f64>().unwrap() > x0.parse::<f64>().unwrap());
+        assert_eq!(y0, y1);
     }
 
     #[test]
