@@ -32,6 +32,11 @@ pub(crate) trait AnyColumn: Send + Sync {
     fn append_box(&mut self, other: Box<dyn AnyColumn>) -> Result<(), Box<dyn AnyColumn>>;
     /// Splits off the rows from `at` on.
     fn split_off_box(&mut self, at: usize) -> Box<dyn AnyColumn>;
+    /// An empty column of the same type.
+    fn empty_like(&self) -> Box<dyn AnyColumn>;
+    /// Moves row `row` to the end of `out` (the last row takes its place);
+    /// false, moving nothing, if `out`'s type differs.
+    fn swap_remove_to(&mut self, row: usize, out: &mut dyn AnyColumn) -> bool;
 }
 
 impl<T: Component> AnyColumn for Vec<T> {
@@ -78,6 +83,18 @@ impl<T: Component> AnyColumn for Vec<T> {
     }
     fn split_off_box(&mut self, at: usize) -> Box<dyn AnyColumn> {
         Box::new(self.split_off(at.min(self.len())))
+    }
+    fn empty_like(&self) -> Box<dyn AnyColumn> {
+        Box::new(Vec::<T>::new())
+    }
+    fn swap_remove_to(&mut self, row: usize, out: &mut dyn AnyColumn) -> bool {
+        match out.as_any_mut().downcast_mut::<Vec<T>>() {
+            Some(v) if row < self.len() => {
+                v.push(self.swap_remove(row));
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -342,6 +359,43 @@ impl Table {
         front
     }
 
+    /// Moves row `row` to the end of `out`, the last row taking its place
+    /// here (as `Vec::swap_remove`); each table is left one batch. `out`
+    /// must hold the same components, or be empty with none; otherwise, or
+    /// when `row` is out of range, nothing moves and false is returned.
+    pub(crate) fn swap_remove_into(&mut self, row: usize, out: &mut Table) -> bool {
+        if row >= self.len() {
+            return false;
+        }
+        if out.columns.is_empty() && out.is_empty() {
+            out.columns = self
+                .columns
+                .iter()
+                .map(|c| Column {
+                    id: c.id,
+                    name: c.name,
+                    data: c.data.empty_like(),
+                })
+                .collect();
+        }
+        let same = self.columns.len() == out.columns.len()
+            && self.columns.iter().all(|c| out.find(c.id).is_some());
+        if !same {
+            return false;
+        }
+        for c in &mut self.columns {
+            if let Some(i) = out.find(c.id) {
+                // The ids matched, so the types do too.
+                c.data.swap_remove_to(row, out.columns[i].data.as_mut());
+            }
+        }
+        out.indices.push(self.indices.swap_remove(row));
+        out.batch_ends = vec![out.indices.len()];
+        let left = self.indices.len();
+        self.batch_ends = if left == 0 { Vec::new() } else { vec![left] };
+        true
+    }
+
     /// Keeps the first `n` rows; batches past them are dropped.
     pub(crate) fn truncate(&mut self, n: usize) {
         for c in &mut self.columns {
@@ -397,6 +451,27 @@ impl<'a> BatchRows<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swap_remove_into_moves_one_row_of_every_column() {
+        let mut a = Table::with_indices(vec![1, 2, 3]);
+        a.insert_column(vec![10i64, 20, 30]);
+        a.insert_column(vec!["a".to_string(), "b".to_string(), "c".to_string()]);
+        let mut out = Table::new();
+        assert!(a.swap_remove_into(0, &mut out));
+        assert!(a.swap_remove_into(1, &mut out));
+        assert_eq!(out.indices(), &[1, 2]);
+        assert_eq!(out.column::<i64>().unwrap(), &[10, 20]);
+        assert_eq!(out.column::<String>().unwrap(), &["a", "b"]);
+        assert_eq!(out.batches().collect::<Vec<_>>(), vec![0..2]);
+        assert_eq!(a.indices(), &[3]);
+        assert_eq!(a.column::<String>().unwrap(), &["c"]);
+        assert!(!a.swap_remove_into(1, &mut out), "out of range");
+        let mut other = Table::with_indices(vec![9]);
+        other.insert_column(vec![1u8]);
+        assert!(!a.swap_remove_into(0, &mut other), "different components");
+        assert_eq!((a.len(), other.len()), (1, 1), "unchanged");
+    }
 
     #[test]
     fn append_and_split_front_move_whole_rows() {

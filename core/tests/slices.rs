@@ -292,3 +292,67 @@ fn a_failure_in_a_slice_follows_the_policy() {
         );
     }
 }
+
+/// With a shuffle buffer, each row goes through the stage once it has been
+/// read, before a slice's worth of later items (a quarter of a batch) is
+/// read — not once it leaves the buffer, which lets one item out per two
+/// read while it grows and holds hundreds here — and the rows run in the
+/// order read; the batches are still shuffled.
+#[test]
+fn with_a_shuffle_buffer_rows_run_as_they_are_read() {
+    let setup = Setup {
+        workers: 1,
+        per: 400,
+        buffer: 256,
+        ..Setup::default()
+    };
+    let (p, seen) = build(&setup);
+    let got = batches(&p, 0).concat();
+    assert_ne!(got, (0..400).collect::<Vec<_>>(), "shuffled");
+    let seen = seen.lock().unwrap();
+    let ran: Vec<i64> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(ran, (0..400).collect::<Vec<_>>(), "run in the order read");
+    for &(v, read, _) in seen.iter() {
+        assert!(
+            read as i64 <= v + 1 + 4,
+            "row {v} ran after {read} items were read"
+        );
+    }
+}
+
+/// A row failing while a shuffle buffer holds it: `fail` stops the epoch
+/// with the batches that were complete, in the order `skip` gives them,
+/// naming the sample; `skip` drops only it.
+#[test]
+fn a_failure_before_the_shuffle_buffer_follows_the_policy() {
+    let setup = Setup {
+        buffer: 64,
+        bad_row: Some(203),
+        ..Setup::default()
+    };
+    let (skipping, _) = build(&Setup {
+        policy: ErrorPolicy::Skip,
+        ..setup
+    });
+    let all = batches(&skipping, 0).concat();
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..400).filter(|&v| v != 203).collect::<Vec<_>>());
+    let (p, _) = build(&setup);
+    let mut got = Vec::new();
+    let mut err = None;
+    for b in p.epoch(0) {
+        match b {
+            Ok(b) => got.extend(b.get("v").unwrap().as_slice::<i64>().unwrap().to_vec()),
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    let e = err.expect("the failure is reported");
+    assert_eq!((e.index, e.stage.as_str()), (Some(203), "slow"));
+    assert_eq!(got.len() % 16, 0, "whole batches");
+    assert!(!got.is_empty() && got.len() < 400, "{} rows", got.len());
+    assert_eq!(got, all[..got.len()], "the batches of the skipping run");
+}

@@ -285,8 +285,20 @@ mod tests {
                 .unwrap();
         }
         CacheFolder::touch(&first);
+        // Entries 2–4 last used between the two (set, not written now: a
+        // write's time comes from a coarser clock than `touch`'s, so one
+        // written just after the touch may read as older).
+        let between = old + std::time::Duration::from_secs(50);
         for i in 2..6 {
-            put(&f, i, 200);
+            let p = put(&f, i, 200);
+            if i < 5 {
+                std::fs::File::options()
+                    .append(true)
+                    .open(&p)
+                    .unwrap()
+                    .set_modified(between)
+                    .unwrap();
+            }
         }
         assert!(first.exists(), "used recently: kept");
         assert!(!second.exists(), "oldest use: evicted");

@@ -86,6 +86,7 @@ impl ErasedSource {
                     exhausted: false,
                     emitted: 0,
                     failed: Vec::new(),
+                    detached: false,
                 }) as Box<dyn ShardReader>)
             }),
         }

@@ -2,8 +2,9 @@
 //! together, item by item, through a seeded shuffle buffer) and read them
 //! part by part; a worker with no group left takes parts from the readers,
 //! and a group's short last part is held back for the consumer to merge.
-//! Once the segment is measured a part is read in slices (see
-//! [`slices`](super::slices)), so its rows start as they arrive.
+//! Unless the pool is autotuned (or batches hold under 8 rows), a part is
+//! read in slices (see [`slices`](super::slices)): its items run through
+//! the segment as they are read, before the shuffle buffer.
 //!
 //! ```text
 //! group t: shards order[t·g..] ─▶ part 0, part 1, … (≤ batch_size each; the last may be short → rest)
@@ -28,15 +29,37 @@ pub(crate) trait ShardReader: Send + 'static {
     /// shard is exhausted.
     fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool);
     /// Reads ahead what the next part's first item waits for (the shuffle
-    /// buffer filled, or the group's end), so that this decoding can run
+    /// buffer filled, or the group's end), so that this reading can run
     /// before the part is admitted; the items, their order and the errors
-    /// [`next_part`](Self::next_part) returns are unchanged.
+    /// [`next_part`](Self::next_part) returns are unchanged. (Nothing, once
+    /// [`next_draws`](Self::next_draws) has been called.)
     fn fill(&mut self);
+    /// As [`next_part`](Self::next_part), with the items handed out as they
+    /// are read from the shards instead of as they leave the shuffle
+    /// buffer, which keeps only their indices from then on: the items read
+    /// (in shard order; a first call also hands out those read before),
+    /// the items that failed, the indices drawn (the same, in the same
+    /// order, as `next_part` would give) and whether the shard is
+    /// exhausted. It reads at most `max` items, so it may draw fewer than
+    /// `max`, or none. Once called, only this reads the reader's items.
+    fn next_draws(&mut self, max: usize) -> Draws;
     /// Takes over the streams of `other` (a reader of the same source,
     /// from [`into_any`](Self::into_any)), to read them interleaved.
     fn merge(&mut self, other: Box<dyn std::any::Any + Send>);
     /// This reader, type-erased, for [`merge`](Self::merge).
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
+
+/// What [`ShardReader::next_draws`] read and drew.
+pub(crate) struct Draws {
+    /// The items read from the shards, in the order read.
+    pub(crate) arrived: Table,
+    /// Items that failed to read.
+    pub(crate) errs: Vec<(u64, BoxError)>,
+    /// The indices that left the shuffle buffer, in order.
+    pub(crate) drawn: Vec<u64>,
+    /// Whether the shard group is exhausted.
+    pub(crate) done: bool,
 }
 
 /// One open shard of a [`StreamReader`].
@@ -50,11 +73,11 @@ pub(crate) struct Stream<O> {
 /// Items a shuffle buffer holds before its first leaves (fewer when its
 /// capacity is smaller). From there it must hold one more before each next
 /// item leaves, up to its capacity, as WebDataset's `initial` does: a
-/// streamed shard's first items are decoded once this many have arrived,
-/// not once the whole buffer (often the whole shard) has, and its last ones
-/// are not all decoded after its last byte; the buffer still grows to its
-/// capacity. Which items leave, and when, depends only on the items and the
-/// seed.
+/// streamed shard's first items leave once this many have arrived, not once
+/// the whole buffer (often the whole shard) has; the buffer still grows to
+/// its capacity. Which items leave, and when, depends only on the items and
+/// the seed. (Read in slices, items run before the buffer, so when they
+/// leave does not hold back their decoding.)
 pub(crate) const SHUFFLE_START: usize = 32;
 
 /// Reads one shard, or several interleaved item by item (round robin), so
@@ -64,8 +87,10 @@ pub(crate) struct StreamReader<O> {
     /// The stream the next item is read from.
     pub(crate) turn: usize,
     /// Bounded shuffle buffer: items wait here and leave in a random order
-    /// drawn from `(seed, epoch, first shard)`, whichever worker reads them.
-    pub(crate) buffer: Vec<(u64, O)>,
+    /// drawn from `(seed, epoch, first shard)`, whichever worker reads them
+    /// (only their indices once [`next_draws`](ShardReader::next_draws)
+    /// has handed the items out).
+    pub(crate) buffer: Vec<(u64, Option<O>)>,
     pub(crate) capacity: usize,
     pub(crate) rng: crate::rng::SampleRng,
     pub(crate) exhausted: bool,
@@ -74,6 +99,9 @@ pub(crate) struct StreamReader<O> {
     /// Items that failed while [`fill`](ShardReader::fill) read ahead, for
     /// the next part.
     pub(crate) failed: Vec<(u64, BoxError)>,
+    /// Whether [`next_draws`](ShardReader::next_draws) has handed the
+    /// buffer's items out.
+    pub(crate) detached: bool,
 }
 
 impl<O> StreamReader<O> {
@@ -108,10 +136,22 @@ impl<O> StreamReader<O> {
         while !self.exhausted && self.buffer.len() < need {
             match self.pull() {
                 None => self.exhausted = true,
-                Some((i, Ok(o))) => self.buffer.push((i, o)),
+                Some((i, Ok(o))) => self.buffer.push((i, Some(o))),
                 Some((i, Err(e))) => errs.push((i, e)),
             }
         }
+    }
+
+    /// The buffer's next item out (see [`SHUFFLE_START`]).
+    fn draw(&mut self) -> (u64, Option<O>) {
+        use rand::Rng;
+        let k = if self.capacity > 1 {
+            self.rng.random_range(0..self.buffer.len())
+        } else {
+            0
+        };
+        self.emitted += 1;
+        self.buffer.swap_remove(k)
     }
 }
 
@@ -126,11 +166,15 @@ impl<O: ComponentSet> ShardReader for StreamReader<O> {
     }
     fn fill(&mut self) {
         let mut errs = std::mem::take(&mut self.failed);
+        if self.detached {
+            // Only `next_draws` reads a detached buffer's items.
+            self.failed = errs;
+            return;
+        }
         self.top_up(&mut errs);
         self.failed = errs;
     }
     fn next_part(&mut self, max: usize) -> (Table, Vec<(u64, BoxError)>, bool) {
-        use rand::Rng;
         let mut idx = Vec::with_capacity(max);
         let mut vals = Vec::with_capacity(max);
         let mut errs = std::mem::take(&mut self.failed);
@@ -139,20 +183,66 @@ impl<O: ComponentSet> ShardReader for StreamReader<O> {
             if self.buffer.is_empty() {
                 break;
             }
-            let k = if self.capacity > 1 {
-                self.rng.random_range(0..self.buffer.len())
-            } else {
-                0
-            };
-            let (i, o) = self.buffer.swap_remove(k);
-            self.emitted += 1;
-            idx.push(i);
-            vals.push(o);
+            match self.draw() {
+                (i, Some(o)) => {
+                    idx.push(i);
+                    vals.push(o);
+                }
+                // Handed out by `next_draws`: never dropped unreported.
+                (i, None) => errs.push((i, "the item was handed out before it was drawn".into())),
+            }
         }
         let done = self.exhausted && self.buffer.is_empty();
         let mut t = Table::with_indices(idx);
         O::put_rows(vals, &mut t);
         (t, errs, done)
+    }
+    fn next_draws(&mut self, max: usize) -> Draws {
+        let mut arrived = Vec::new();
+        if !self.detached {
+            self.detached = true;
+            for (i, o) in &mut self.buffer {
+                if let Some(o) = o.take() {
+                    arrived.push((*i, o));
+                }
+            }
+        }
+        let mut errs = std::mem::take(&mut self.failed);
+        let mut drawn = Vec::with_capacity(max);
+        // At most `max` items are read per call, so that they run as they
+        // arrive: a call may return having drawn fewer, or none.
+        let cap = self.capacity.max(1);
+        while drawn.len() < max {
+            let need = cap.min(SHUFFLE_START.saturating_add(self.emitted));
+            if !self.exhausted && self.buffer.len() < need {
+                if arrived.len() >= max {
+                    break;
+                }
+                match self.pull() {
+                    None => self.exhausted = true,
+                    Some((i, Ok(o))) => {
+                        arrived.push((i, o));
+                        self.buffer.push((i, None));
+                    }
+                    Some((i, Err(e))) => errs.push((i, e)),
+                }
+                continue;
+            }
+            if self.buffer.is_empty() {
+                break;
+            }
+            drawn.push(self.draw().0);
+        }
+        let done = self.exhausted && self.buffer.is_empty();
+        let (idx, vals): (Vec<u64>, Vec<O>) = arrived.into_iter().unzip();
+        let mut t = Table::with_indices(idx);
+        O::put_rows(vals, &mut t);
+        Draws {
+            arrived: t,
+            errs,
+            drawn,
+            done,
+        }
     }
 }
 
@@ -577,18 +667,22 @@ impl Worker {
             if t >= groups {
                 return;
             }
-            // The group is opened and its shuffle buffer filled before its
-            // first part is admitted: what the part's first item waits for
-            // is decoded while the budget still waits for a first
-            // measurement (the buffer sits before the budget's accounting),
-            // not after it.
+            // The group is opened, and while the segment is unmeasured its
+            // shuffle buffer filled, before its first part is admitted: what
+            // the part's first item waits for is read while the budget still
+            // waits for a first measurement (the buffer sits before the
+            // budget's accounting), not after it. A part read in slices runs
+            // its items as they are read instead (see `slices`).
             let shards = &order[t as usize * g..((t as usize + 1) * g).min(order.len())];
             let mut log = TaskLog::default();
             let started = Instant::now();
+            let slices_next = !tuned && super::slices::slice_rows(bs).is_some();
             let reader = self
                 .open_epoch_group(run.epoch, shards, &mut log)
                 .map(|mut r| {
-                    r.fill();
+                    if !slices_next {
+                        r.fill();
+                    }
                     r
                 });
             self.stats.timed_ns[0] += started.elapsed().as_nanos() as u64;
@@ -614,6 +708,9 @@ impl Worker {
                 continue;
             };
             let mut part = 0u64;
+            // A group read in slices runs its items as they are read; they
+            // wait here (see `slices`).
+            let mut ready = super::slices::Ready::new(&shared.budget);
             if t == first {
                 // Resuming: re-read the parts already delivered, unsent.
                 while part < skip_parts {
@@ -638,12 +735,17 @@ impl Worker {
                         lease
                     }
                 };
-                let probe = bs > 1 && self.needs_probe();
-                if let (false, false, Some(slice)) = (probe, tuned, super::slices::slice_rows(bs)) {
+                if let (false, Some(slice)) = (tuned, super::slices::slice_rows(bs)) {
                     let log = std::mem::take(&mut log);
-                    let Some(h) =
-                        self.read_sliced(job, reader.as_mut(), (t, part), (bs, slice), log, lease)
-                    else {
+                    let Some(h) = self.read_sliced(
+                        job,
+                        reader.as_mut(),
+                        &mut ready,
+                        (t, part),
+                        (bs, slice),
+                        log,
+                        lease,
+                    ) else {
                         return;
                     };
                     match self.finish_part(job, h) {
@@ -653,6 +755,7 @@ impl Worker {
                     }
                     continue;
                 }
+                let probe = bs > 1 && self.needs_probe();
                 let (front, mut table, errs, done, dt) = if probe {
                     let collates = matches!(job.out, Out::Final(_));
                     self.read_probed(run, reader.as_mut(), bs, &mut log, &mut lease, collates)

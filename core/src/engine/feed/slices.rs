@@ -1,39 +1,42 @@
 //! A part read in slices: once the first segment has been measured, a
-//! worker reads its part of a shard group a quarter of a batch at a time
-//! and runs the segment over each slice as it arrives, instead of waiting
-//! for the whole part. A slice goes to a worker with no group left
-//! (an *assist*: it runs the segment and sends the slice back) when one is
-//! idle; the part's last slice the reader runs itself. The slices are joined
-//! in order into one part, forwarded as before.
+//! worker reads its part of a shard group a quarter of a batch at a time,
+//! and runs the segment over the items as they are read from the shards,
+//! before they enter the shuffle buffer: the buffer keeps their indices,
+//! the rows through the segment wait in the group's [`Ready`] pool, and a
+//! part takes the rows its draws name. A slice's items go to a worker with
+//! no group left (an *assist*: it runs the segment and sends the rows back)
+//! when one is idle; the part's last slice the reader runs itself.
 //!
-//! The part is unchanged: [`StreamReader::next_part`](super::iterable::StreamReader)
-//! reads item by item, so reading `bs` items as slices draws the same items,
-//! in the same order and with the same shuffle, as one read; stages run
-//! row by row. What changes is when rows start: with a streamed shard a
-//! part's first rows are decoded while its last bytes are still on the
-//! wire, and the epoch's last part runs on every idle worker, a slice each,
-//! instead of on one.
+//! The part is unchanged: [`StreamReader::next_draws`](super::iterable::StreamReader)
+//! reads and draws item by item as `next_part` does, so the same items
+//! leave the buffer in the same order with the same shuffle; stages run row
+//! by row. What changes is when rows run: with a streamed shard an item is
+//! decoded once it has arrived, not once it leaves a buffer that lets one
+//! item out per two that arrive while it grows (the rest leaving in a burst
+//! after the shard's last byte), and the epoch's last part runs on every
+//! idle worker, a slice each, instead of on one. A sample that fails is
+//! reported with the part being read when it ran.
 //!
 //! ```text
 //! reader:  read s0 ─▶ segment s0 ─┐ read s1 ─▶ assist ──▶ read s2 ─▶ segment s2 ─┐ read s3 ─▶ segment s3
 //! helper:                         │           segment s1 ─▶ reply ───────────────┤
-//!                                 └──────────── join [s0, s1, s2, s3] ◀──────────┴─▶ forward (one part)
+//!                                 └─▶ ready pool ◀──────────────────────────────┴─▶ take the part's draws ─▶ forward
 //! ```
 //!
 //! While it waits for an assisted slice the reader runs whatever waits in
 //! the hand-off queue (its own slice first, when no helper has taken it),
 //! so a wait never depends on a helper still being there.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::budget::Lease;
+use crate::budget::{ByteBudget, Lease};
 use crate::error::SampleError;
 use crate::table::Table;
 
 use super::iterable::{Handoff, ShardReader};
-use crate::engine::probe::join;
 use crate::engine::*;
 
 /// Rows per slice of a part of `bs` rows: a quarter of a batch. Parts of
@@ -42,17 +45,75 @@ pub(crate) fn slice_rows(bs: usize) -> Option<usize> {
     (bs >= 8).then(|| bs.div_ceil(4))
 }
 
+/// The rows of a shard group run through the segment as they were read,
+/// waiting to leave its shuffle buffer. While a part is read its lease
+/// holds their bytes; between parts `carried` does.
+pub(crate) struct Ready {
+    table: Table,
+    /// The row of each index in `table`.
+    rows: HashMap<u64, usize>,
+    /// Bytes of the rows held.
+    bytes: usize,
+    carried: Lease,
+}
+
+impl Ready {
+    pub(crate) fn new(budget: &Arc<ByteBudget>) -> Self {
+        Ready {
+            table: Table::new(),
+            rows: HashMap::new(),
+            bytes: 0,
+            carried: budget.lease(0),
+        }
+    }
+
+    /// Adds rows run through the segment; rows whose components differ
+    /// from those held fail the part in `log`.
+    fn put(&mut self, table: Table, log: &mut TaskLog) {
+        if table.is_empty() {
+            return;
+        }
+        let base = self.table.len();
+        let bytes = table.nbytes();
+        let idx = table.indices().to_vec();
+        if let Err(cols) = self.table.append(table) {
+            log.fail.get_or_insert_with(|| {
+                SampleError::pipeline(format!(
+                    "rows of one shard group hold different components: {cols}"
+                ))
+            });
+            return;
+        }
+        for (k, i) in idx.into_iter().enumerate() {
+            self.rows.insert(i, base + k);
+        }
+        self.bytes += bytes;
+    }
+
+    /// The rows of `drawn`, in that order. An index with no row here was
+    /// skipped when it ran (and reported then).
+    fn take(&mut self, drawn: &[u64]) -> Table {
+        let mut out = Table::new();
+        for i in drawn {
+            let Some(row) = self.rows.remove(i) else {
+                continue;
+            };
+            let last = self.table.len() - 1;
+            let moved = self.table.indices()[last];
+            if self.table.swap_remove_into(row, &mut out) && row != last {
+                self.rows.insert(moved, row);
+            }
+        }
+        self.bytes = self.bytes.saturating_sub(out.nbytes());
+        out
+    }
+}
+
 /// A slice run by a helper, sent back to its reader.
 pub(crate) struct Assisted {
     pub(crate) table: Table,
     pub(crate) log: TaskLog,
     pub(crate) lease: Lease,
-}
-
-/// A slice of the part being read: run, or away at a helper.
-enum Slice {
-    Ran(Table, TaskLog),
-    Away(flume::Receiver<Assisted>),
 }
 
 /// `other`'s errors and retries after `log`'s; its failure only when `log`
@@ -94,16 +155,18 @@ impl Worker {
     }
 
     /// Reads part `part` of shard group `major` (at most `bs` rows) in
-    /// slices of `slice` rows and runs the segment over each as it arrives
-    /// (see the [module docs](self)). Returns the part through the segment,
-    /// as a [`Handoff`] whose `front` holds it (so
-    /// [`finish_part`](Self::finish_part) forwards it as a part read whole
-    /// would be), or `None` when the epoch is cancelled or the receiver is
-    /// gone.
+    /// slices of `slice` draws, running the segment over the items as they
+    /// are read into `ready` (see the [module docs](self)). Returns the
+    /// part through the segment, as a [`Handoff`] whose `front` holds it
+    /// (so [`finish_part`](Self::finish_part) forwards it as a part read
+    /// whole would be), or `None` when the epoch is cancelled or the
+    /// receiver is gone.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_sliced(
         &mut self,
         job: &Job,
         reader: &mut dyn ShardReader,
+        ready: &mut Ready,
         (major, part): (u64, u64),
         (bs, slice): (usize, usize),
         mut log: TaskLog,
@@ -111,90 +174,102 @@ impl Worker {
     ) -> Option<Handoff> {
         let run = &job.run;
         let shared = Arc::clone(&self.shared);
-        let mut slices: Vec<Slice> = Vec::with_capacity(bs.div_ceil(slice));
-        let mut got = 0usize;
-        // Bytes of the slices run so far (an assisted one once it is back).
-        let mut ran_bytes = 0usize;
+        let mut drawn: Vec<u64> = Vec::with_capacity(bs);
+        let mut away: Vec<flume::Receiver<Assisted>> = Vec::new();
         let mut done = false;
-        while got < bs && !done {
+        // The part's lease holds the rows carried from the parts before.
+        let carried = std::mem::replace(&mut ready.carried, shared.budget.lease(0));
+        lease.grow_to(carried.bytes());
+        drop(carried);
+        while drawn.len() < bs && !done {
             if run.cancelled() {
                 return None;
             }
-            let want = slice.min(bs - got);
+            // Until the segment is measured, one item at a time: the
+            // first row's figures admit the other workers (as a probe's do).
+            let unmeasured = self.needs_probe();
+            let want = if unmeasured {
+                1
+            } else {
+                slice.min(bs - drawn.len())
+            };
             let started = Instant::now();
-            let (mut table, errs, end) = reader.next_part(want);
+            let d = reader.next_draws(want);
             let dt = started.elapsed().as_nanos() as u64;
-            done = end;
-            got += table.len();
-            let read = table.len() as u64;
+            done = d.done;
+            drawn.extend_from_slice(&d.drawn);
+            let read = d.arrived.len() as u64;
             self.stats.timed_ns[0] += dt;
             self.stats.timed_n[0] += read;
             self.stats.samples[0] += read;
-            let mut slog = TaskLog::default();
-            let failed = self.settle_source_errors(errs, &mut slog);
-            // (A short read is the group's end: `done` is set.)
-            let last = done || got >= bs;
-            lease.grow_to(ran_bytes + table.nbytes());
-            if failed {
-                table.truncate(0);
-                slices.push(Slice::Ran(table, slog));
+            if self.settle_source_errors(d.errs, &mut log) {
                 break;
             }
-            if !last && run.idle_helpers.load(Ordering::Acquire) > run.handoff.0.len() {
+            let mut table = d.arrived;
+            if table.is_empty() {
+                continue;
+            }
+            lease.grow_to(ready.bytes + table.nbytes());
+            // (A short read is the group's end: `done` is set.)
+            let last = done || drawn.len() >= bs;
+            if !last
+                && !unmeasured
+                && run.idle_helpers.load(Ordering::Acquire) > run.handoff.0.len()
+            {
                 let (tx, rx) = flume::bounded(1);
                 let h = Handoff {
                     major,
                     part,
                     front: None,
                     table,
-                    log: slog,
+                    log: TaskLog::default(),
                     done: false,
                     lease: shared.budget.lease(0),
                     reply: Some(tx),
                 };
                 match run.handoff.0.try_send(h) {
                     Ok(()) => {
-                        slices.push(Slice::Away(rx));
+                        away.push(rx);
                         continue;
                     }
                     Err(flume::TrySendError::Full(back))
-                    | Err(flume::TrySendError::Disconnected(back)) => {
-                        table = back.table;
-                        slog = back.log;
-                    }
+                    | Err(flume::TrySendError::Disconnected(back)) => table = back.table,
                 }
             }
             let mut sl = shared.budget.lease(0);
+            let mut slog = TaskLog::default();
             self.run_segment(run, &mut table, &mut slog, &mut sl);
-            ran_bytes += table.nbytes();
-            lease.grow_to(ran_bytes);
             let stop = slog.fail.is_some();
-            slices.push(Slice::Ran(table, slog));
+            if unmeasured && !stop && !table.is_empty() {
+                shared.note_row_bytes(self.seg, table.nbytes(), table.len());
+                if matches!(job.out, Out::Final(_)) {
+                    shared.estimate_batch_bytes(table.nbytes(), table.len());
+                }
+            }
+            absorb(&mut log, slog);
+            ready.put(table, &mut log);
+            lease.grow_to(ready.bytes);
+            drop(sl);
             if stop {
                 // Under the stop policy the part is cut whole: read no more.
                 break;
             }
         }
-        let mut out = Table::new();
-        for s in slices {
-            let (table, slog) = match s {
-                Slice::Ran(t, l) => (t, l),
-                Slice::Away(rx) => {
-                    let Assisted {
-                        table,
-                        log: slog,
-                        lease: held,
-                    } = self.await_slice(job, &rx)?;
-                    // The part's lease takes over the slice's bytes.
-                    ran_bytes += table.nbytes();
-                    lease.grow_to(ran_bytes);
-                    drop(held);
-                    (table, slog)
-                }
-            };
+        for rx in away {
+            let Assisted {
+                table,
+                log: slog,
+                lease: held,
+            } = self.await_slice(job, &rx)?;
             absorb(&mut log, slog);
-            out = join(out, table, &mut log);
+            ready.put(table, &mut log);
+            lease.grow_to(ready.bytes);
+            drop(held);
         }
+        let out = ready.take(&drawn);
+        // The rows left for later parts keep their share of the lease.
+        ready.carried = lease.split(ready.bytes);
+        lease.grow_to(out.nbytes());
         Some(Handoff {
             major,
             part,
