@@ -137,7 +137,13 @@ impl ObjectCache {
             std::thread::current().id()
         ));
         let result = (|| -> Result<(), super::BoxError> {
-            let mut f = File::create(&tmp)?;
+            // Readable too: a stream of the download reads what it wrote.
+            let mut f = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
             write(&mut f)?;
             let len = f.metadata()?.len();
             if len != obj.size {

@@ -355,6 +355,7 @@ impl Remote {
                 }
             }
         };
+        progress.follow();
         if start {
             let inner = Arc::clone(inner);
             std::thread::Builder::new()
@@ -829,9 +830,15 @@ impl Inner {
         // first chunk is written): a whole attempt publishes from byte 0,
         // a resumed one from where the last one stopped.
         let followed = || self.streams.lock().ok().and_then(|s| s.get(&i).cloned());
-        let mut progress = followed();
-        if let (Some(p), 0) = (&progress, from) {
-            p.restart();
+        let progress = match from {
+            0 => super::stream::register(&self.streams, i, obj.size),
+            _ => followed(),
+        };
+        if let Some(p) = &progress {
+            if from == 0 {
+                p.restart();
+            }
+            p.attach(&file, from);
         }
         let mut offset = from;
         let tail_at = obj.size.saturating_sub(tail_bytes(obj.size));
@@ -874,12 +881,9 @@ impl Inner {
                                 .downloaded
                                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
                             w.write_all(&chunk)?;
-                            if progress.is_none() && offset == 0 {
-                                progress = followed();
-                            }
                             let n = chunk.len() as u64;
                             if let Some(p) = &progress {
-                                p.push(offset, chunk);
+                                p.wrote(offset, chunk, w.buffer().len());
                             }
                             offset += n;
                             if queued && !in_tail && offset >= tail_at {

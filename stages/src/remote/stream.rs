@@ -6,6 +6,12 @@
 //! to [`HOLD_BYTES`] ahead of the reader; past that the reader waits for the
 //! finished entry and reads on from the file at its offset.
 //!
+//! Every download publishes how much of its temporary file is written, so
+//! a reader that comes after its first chunks (a worker reaching a shard
+//! the read-ahead is downloading) reads those from the file and follows
+//! the rest as chunks, instead of waiting for the whole object; chunks are
+//! held only once a reader follows.
+//!
 //! A reader that has caught up with the download sleeps until
 //! [`WAKE_BYTES`] more have arrived (or the object's end, or the
 //! download's), not at every chunk: a link delivers a shard in thousands of
@@ -13,12 +19,14 @@
 //!
 //! ```text
 //! get_into: chunk ─▶ file ─▶ Progress (≤ HOLD_BYTES) ─▶ ChunkReader ─▶ tar members
+//!                     └── written up to ───────────▶ ChunkReader reads the temporary file below it
 //!                                done(path) ─────────▶ ChunkReader reads the entry from its offset
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
@@ -40,6 +48,9 @@ struct State {
     /// The lowest offset a sleeping reader waits to see published up to
     /// (`u64::MAX`: none sleeps).
     want: u64,
+    /// The download's temporary file, and the bytes of it written from 0.
+    file: Option<Arc<std::fs::File>>,
+    written: u64,
 }
 
 /// One download's chunks, for the readers of the object.
@@ -48,6 +59,21 @@ pub(crate) struct Progress {
     cv: Condvar,
     /// The object's size, where a reader stops waiting for more.
     size: u64,
+    /// A reader follows: chunks are held for it.
+    followed: AtomicBool,
+}
+
+/// The progress of object `i`'s download in `streams`: the one registered,
+/// or a new one.
+pub(crate) fn register(
+    streams: &Mutex<HashMap<usize, Arc<Progress>>>,
+    i: usize,
+    size: u64,
+) -> Option<Arc<Progress>> {
+    let mut s = streams.lock().ok()?;
+    Some(Arc::clone(
+        s.entry(i).or_insert_with(|| Arc::new(Progress::new(size))),
+    ))
 }
 
 impl Progress {
@@ -60,10 +86,18 @@ impl Progress {
                 overflow: false,
                 done: None,
                 want: u64::MAX,
+                file: None,
+                written: 0,
             }),
             cv: Condvar::new(),
             size,
+            followed: AtomicBool::new(false),
         }
+    }
+
+    /// A reader follows from now on.
+    pub(crate) fn follow(&self) {
+        self.followed.store(true, Ordering::Release);
     }
 
     /// A new attempt starts at byte 0.
@@ -71,6 +105,35 @@ impl Progress {
         if let Ok(mut s) = self.state.lock() {
             s.chunks.clear();
             s.held = 0;
+            s.written = 0;
+        }
+    }
+
+    /// An attempt writes into `file` (a handle of the temporary file) from
+    /// byte `from`, all bytes before it being there.
+    pub(crate) fn attach(&self, file: &std::fs::File, from: u64) {
+        let file = file.try_clone().ok().map(Arc::new);
+        if let Ok(mut s) = self.state.lock() {
+            s.written = if file.is_some() { from } else { 0 };
+            s.file = file;
+        }
+    }
+
+    /// The download wrote `chunk` at `offset`, all but the last `buffered`
+    /// bytes of what it wrote so far reaching the file: the chunk is held
+    /// if a reader follows.
+    pub(crate) fn wrote(&self, offset: u64, chunk: Bytes, buffered: usize) {
+        let end = offset + chunk.len() as u64;
+        if let Ok(mut s) = self.state.lock() {
+            s.written = s.written.max(end.saturating_sub(buffered as u64));
+            if s.written >= s.want {
+                s.want = u64::MAX;
+                drop(s);
+                self.cv.notify_all();
+            }
+        }
+        if self.followed.load(Ordering::Acquire) {
+            self.push(offset, chunk);
         }
     }
 
@@ -170,6 +233,31 @@ impl Read for ChunkReader {
                 self.offset += n as u64;
                 return Ok(n);
             }
+            // Below what the temporary file holds (bytes written before
+            // this reader came, or not yet in a chunk): from the file.
+            #[cfg(unix)]
+            if let (Some(f), None) = (&s.file, &s.done) {
+                if self.offset < s.written {
+                    use std::os::unix::fs::FileExt;
+                    let (f, k) = (
+                        Arc::clone(f),
+                        (s.written - self.offset).min(buf.len() as u64),
+                    );
+                    drop(s);
+                    let n = f.read_at(&mut buf[..k as usize], self.offset)?;
+                    if n > 0 {
+                        self.offset += n as u64;
+                        return Ok(n);
+                    }
+                    s = progress
+                        .state
+                        .lock()
+                        .map_err(|_| std::io::Error::other("download state poisoned"))?;
+                    // (A new attempt truncated the file: wait for it.)
+                    s.written = s.written.min(self.offset);
+                    continue;
+                }
+            }
             match &s.done {
                 Some(Ok(path)) => {
                     let mut f = std::fs::File::open(path)?;
@@ -231,6 +319,67 @@ mod tests {
             .read_to_end(&mut got)
             .unwrap();
         writer.join().unwrap();
+        assert_eq!(got, data);
+    }
+
+    /// A reader that comes after the first chunks reads them from the
+    /// temporary file and follows the rest, while the download runs.
+    #[test]
+    fn a_late_reader_reads_what_was_written_before_it_from_the_file() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let (tmp, entry) = (dir.path().join("tmp"), dir.path().join("entry"));
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        let p = Arc::new(Progress::new(data.len() as u64));
+        let (half_read, got_half) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let (p, data, tmp, entry) = (Arc::clone(&p), data.clone(), tmp.clone(), entry.clone());
+            std::thread::spawn(move || {
+                let file = std::fs::File::options()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&tmp)
+                    .unwrap();
+                p.attach(&file, 0);
+                let mut w = std::io::BufWriter::with_capacity(16 << 10, file);
+                let mut waited = true;
+                for (i, c) in data.chunks(10_000).enumerate() {
+                    if i == 19 {
+                        // The last chunk waits until the reader has more
+                        // than half: it cannot get that from the entry.
+                        waited = got_half
+                            .recv_timeout(std::time::Duration::from_secs(10))
+                            .is_ok();
+                    }
+                    w.write_all(c).unwrap();
+                    p.wrote(
+                        (i * 10_000) as u64,
+                        Bytes::copy_from_slice(c),
+                        w.buffer().len(),
+                    );
+                }
+                w.flush().unwrap();
+                std::fs::rename(&tmp, &entry).unwrap();
+                p.finish(Ok(entry));
+                waited
+            })
+        };
+        // Arrives once the first 100 kB are written.
+        while p.state.lock().unwrap().written < 100_000 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        p.follow();
+        let mut r = ChunkReader::new(Arc::clone(&p));
+        let mut got = vec![0u8; 150_000];
+        r.read_exact(&mut got).unwrap();
+        half_read.send(()).unwrap();
+        r.read_to_end(&mut got).unwrap();
+        assert!(
+            writer.join().unwrap(),
+            "read past half before the download ended"
+        );
         assert_eq!(got, data);
     }
 
