@@ -6,7 +6,9 @@
 //! through the segment before the rest and records what it weighs (in the
 //! last segment, also a provisional figure for its collated row: see
 //! `Shared::estimate_batch_bytes`): the other workers are admitted after one
-//! row's work instead of one task's.
+//! row's work instead of one task's. (An iterable part read in slices
+//! measures its first item the same way, reading one item at a time until
+//! the segment is measured: see [`slices`](super::feed::slices).)
 //!
 //! The task is unchanged: its rows are read in the same order (an iterable
 //! part is read as one row and then the rest, which draws the same items
