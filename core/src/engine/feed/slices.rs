@@ -85,7 +85,12 @@ impl Ready {
             return;
         }
         for (k, i) in idx.into_iter().enumerate() {
-            self.rows.insert(i, base + k);
+            if self.rows.insert(i, base + k).is_some() {
+                // Indices name (shard, position): one shard read twice.
+                log.fail.get_or_insert_with(|| {
+                    SampleError::pipeline(format!("sample {i} was read twice in one shard group"))
+                });
+            }
         }
         self.bytes += bytes;
     }
