@@ -128,7 +128,8 @@ mod tests {
     /// bodies come in 64 kB chunks, the first GET's stopping before its
     /// last fifth until a second body has been under way beside it (10 s
     /// at most), and `most` is the largest number of bodies under way at
-    /// once.
+    /// once; while `hold` is set too, every body stops at its half until
+    /// `hold` is cleared (10 s at most).
     #[derive(Debug)]
     struct Flaky {
         inner: InMemory,
@@ -138,6 +139,7 @@ mod tests {
         down: std::sync::atomic::AtomicBool,
         no_ranges: std::sync::atomic::AtomicBool,
         paced: std::sync::atomic::AtomicBool,
+        hold: Arc<std::sync::atomic::AtomicBool>,
         bodies: Arc<AtomicUsize>,
         most: Arc<AtomicUsize>,
     }
@@ -219,12 +221,19 @@ mod tests {
                     .collect();
                 let (n, first) = (chunks.len(), self.gets.load(Ordering::SeqCst) == 1);
                 let most = Arc::clone(&self.most);
+                let hold = Arc::clone(&self.hold);
                 let chunks = futures::stream::iter(chunks.into_iter().enumerate());
                 let paced = futures::StreamExt::then(chunks, move |(k, c)| {
                     let _in_flight = &body;
-                    let most = Arc::clone(&most);
+                    let (most, hold) = (Arc::clone(&most), Arc::clone(&hold));
                     async move {
                         let t = std::time::Instant::now();
+                        while k * 2 >= n
+                            && hold.load(Ordering::SeqCst)
+                            && t.elapsed() < Duration::from_secs(10)
+                        {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
                         while first
                             && k * 5 >= n * 4
                             && most.load(Ordering::SeqCst) < 2
@@ -268,6 +277,7 @@ mod tests {
             down: false.into(),
             no_ranges: false.into(),
             paced: false.into(),
+            hold: Arc::new(false.into()),
             bodies: Arc::new(AtomicUsize::new(0)),
             most: Arc::new(AtomicUsize::new(0)),
         });
@@ -376,6 +386,44 @@ mod tests {
         for i in 0..3 {
             assert_eq!(&r.read(i).unwrap()[..], &big(i)[..]);
         }
+    }
+
+    #[test]
+    fn a_stream_opened_during_the_read_ahead_reads_before_the_download_ends() {
+        // The read-ahead downloads the object, whose body stops at its
+        // half; the pipeline's stream, opened then, reads the bytes already
+        // written from the temporary file while the download is held.
+        let store = flaky(0, 0);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let big: Vec<u8> = (0..(5 << 18)).map(|b| (b * 3) as u8).collect();
+        rt.block_on(store.put(&Path::from("d/o0.bin"), big.clone().into()))
+            .unwrap();
+        store.paced.store(true, Ordering::SeqCst);
+        store.hold.store(true, Ordering::SeqCst);
+        // (Not the first GET's wait for a second body.)
+        store.most.store(2, Ordering::SeqCst);
+        let dir = tempfile::tempdir().unwrap();
+        let r = over(&store, dir.path());
+        r.schedule(vec![0], None);
+        let half = big.len() as u64 / 2;
+        let t = std::time::Instant::now();
+        while r.stats().bytes_downloaded < half && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let crate::ShardData::Stream(mut s) = r.open_stream(0).unwrap() else {
+            panic!("the object is not in the cache yet");
+        };
+        let mut got = vec![0u8; (half - (64 << 10)) as usize];
+        std::io::Read::read_exact(&mut s, &mut got).unwrap();
+        assert!(
+            r.stats().bytes_downloaded < big.len() as u64,
+            "read only once the download ended"
+        );
+        store.hold.store(false, Ordering::SeqCst);
+        std::io::Read::read_to_end(&mut s, &mut got).unwrap();
+        assert_eq!(got, big);
     }
 
     #[test]
