@@ -244,3 +244,38 @@ fn the_first_task_lets_the_other_workers_in_after_its_first_row() {
         );
     }
 }
+
+/// Items run before the shuffle buffer only while the budget has room for
+/// them: a buffer of 256 items whose rows weigh 1 KiB each (several groups
+/// read at once) stays within a 64 KiB budget, and every sample comes.
+#[test]
+fn rows_waiting_in_a_shuffle_buffer_stay_within_the_budget() {
+    let (size, batch, budget) = (1usize << 10, 8usize, 64usize << 10);
+    let p = Pipeline::builder_iterable(Shards {
+        shards: 6,
+        per: 300,
+    })
+    .shuffle(true)
+    .shuffle_buffer(256)
+    .map("inflate", move |s: Small, _: &StageCtx| {
+        Ok(Blob(vec![s.0 as u8; size]))
+    })
+    .batch_size(batch)
+    .cpus(3)
+    .max_bytes_in_flight(budget)
+    .collate(StackCollate::new().column::<Blob>("blob"))
+    .build()
+    .unwrap();
+    let mut n = 0;
+    for b in p.epoch(0) {
+        n += b.unwrap().len();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(n, 1800, "every sample delivered");
+    let peak = p.budget().peak();
+    assert!(
+        peak <= budget + batch * size,
+        "peak {peak} over budget {budget} + one batch"
+    );
+    assert_eq!(p.budget().used(), 0, "every byte is released at the end");
+}

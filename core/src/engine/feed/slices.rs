@@ -15,7 +15,10 @@
 //! item out per two that arrive while it grows (the rest leaving in a burst
 //! after the shard's last byte), and the epoch's last part runs on every
 //! idle worker, a slice each, instead of on one. A sample that fails is
-//! reported with the part being read when it ran.
+//! reported with the part being read when it ran. The rows waiting in the
+//! pool count in the byte budget: items run early only while it has room
+//! for their rows and a task more, and otherwise wait unrun and run once
+//! drawn.
 //!
 //! ```text
 //! reader:  read s0 ─▶ segment s0 ─┐ read s1 ─▶ assist ──▶ read s2 ─▶ segment s2 ─┐ read s3 ─▶ segment s3
@@ -45,14 +48,59 @@ pub(crate) fn slice_rows(bs: usize) -> Option<usize> {
     (bs >= 8).then(|| bs.div_ceil(4))
 }
 
-/// The rows of a shard group run through the segment as they were read,
-/// waiting to leave its shuffle buffer. While a part is read its lease
-/// holds their bytes; between parts `carried` does.
-pub(crate) struct Ready {
+/// Rows by dataset index, taken out in any order.
+#[derive(Default)]
+struct Rows {
     table: Table,
     /// The row of each index in `table`.
-    rows: HashMap<u64, usize>,
-    /// Bytes of the rows held.
+    at: HashMap<u64, usize>,
+}
+
+impl Rows {
+    /// Adds `table`'s rows; why not, when its components differ from those
+    /// held or an index is already here.
+    fn put(&mut self, table: Table) -> Result<(), String> {
+        let base = self.table.len();
+        let idx = table.indices().to_vec();
+        self.table
+            .append(table)
+            .map_err(|cols| format!("rows of one shard group hold different components: {cols}"))?;
+        for (k, i) in idx.into_iter().enumerate() {
+            if self.at.insert(i, base + k).is_some() {
+                // Indices name (shard, position): one shard read twice.
+                return Err(format!("sample {i} was read twice in one shard group"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows of `drawn` that are here, in that order.
+    fn take(&mut self, drawn: &[u64]) -> Table {
+        let mut out = Table::new();
+        for i in drawn {
+            let Some(row) = self.at.remove(i) else {
+                continue;
+            };
+            let last = self.table.len() - 1;
+            let moved = self.table.indices()[last];
+            if self.table.swap_remove_into(row, &mut out) && row != last {
+                self.at.insert(moved, row);
+            }
+        }
+        out
+    }
+}
+
+/// The items of a shard group read but not yet drawn from its shuffle
+/// buffer: run through the segment as they were read (`ran`; their bytes
+/// held by the part's lease while a part is read, by `carried` between
+/// parts), or, when the byte budget had no room for them, waiting to run
+/// once drawn (`raw`, before the budget's accounting, as items in a shuffle
+/// buffer are).
+pub(crate) struct Ready {
+    ran: Rows,
+    raw: Rows,
+    /// Bytes of the rows in `ran`.
     bytes: usize,
     carried: Lease,
 }
@@ -60,55 +108,34 @@ pub(crate) struct Ready {
 impl Ready {
     pub(crate) fn new(budget: &Arc<ByteBudget>) -> Self {
         Ready {
-            table: Table::new(),
-            rows: HashMap::new(),
+            ran: Rows::default(),
+            raw: Rows::default(),
             bytes: 0,
             carried: budget.lease(0),
         }
     }
 
-    /// Adds rows run through the segment; rows whose components differ
-    /// from those held fail the part in `log`.
-    fn put(&mut self, table: Table, log: &mut TaskLog) {
+    /// Adds rows run through the segment (or, `raw`, items to run once
+    /// drawn); a failure goes to `log`.
+    fn put(&mut self, table: Table, raw: bool, log: &mut TaskLog) {
         if table.is_empty() {
             return;
         }
-        let base = self.table.len();
         let bytes = table.nbytes();
-        let idx = table.indices().to_vec();
-        if let Err(cols) = self.table.append(table) {
-            log.fail.get_or_insert_with(|| {
-                SampleError::pipeline(format!(
-                    "rows of one shard group hold different components: {cols}"
-                ))
-            });
-            return;
+        let put = if raw {
+            self.raw.put(table)
+        } else {
+            self.ran.put(table).map(|()| self.bytes += bytes)
+        };
+        if let Err(why) = put {
+            log.fail.get_or_insert_with(|| SampleError::pipeline(why));
         }
-        for (k, i) in idx.into_iter().enumerate() {
-            if self.rows.insert(i, base + k).is_some() {
-                // Indices name (shard, position): one shard read twice.
-                log.fail.get_or_insert_with(|| {
-                    SampleError::pipeline(format!("sample {i} was read twice in one shard group"))
-                });
-            }
-        }
-        self.bytes += bytes;
     }
 
-    /// The rows of `drawn`, in that order. An index with no row here was
-    /// skipped when it ran (and reported then).
+    /// The rows of `drawn` run through the segment, in that order. An index
+    /// with no row here was skipped when it ran (and reported then).
     fn take(&mut self, drawn: &[u64]) -> Table {
-        let mut out = Table::new();
-        for i in drawn {
-            let Some(row) = self.rows.remove(i) else {
-                continue;
-            };
-            let last = self.table.len() - 1;
-            let moved = self.table.indices()[last];
-            if self.table.swap_remove_into(row, &mut out) && row != last {
-                self.rows.insert(moved, row);
-            }
-        }
+        let out = self.ran.take(drawn);
         self.bytes = self.bytes.saturating_sub(out.nbytes());
         out
     }
@@ -119,6 +146,14 @@ pub(crate) struct Assisted {
     pub(crate) table: Table,
     pub(crate) log: TaskLog,
     pub(crate) lease: Lease,
+}
+
+/// `lease` takes over `other`'s charge and then holds what it held or
+/// `bytes`, the larger (so the bytes are never counted twice on the way).
+fn take_over(lease: &mut Lease, other: Lease, bytes: usize) {
+    let want = lease.bytes().max(bytes);
+    lease.absorb(other);
+    lease.resize(want);
 }
 
 /// `other`'s errors and retries after `log`'s; its failure only when `log`
@@ -184,8 +219,8 @@ impl Worker {
         let mut done = false;
         // The part's lease holds the rows carried from the parts before.
         let carried = std::mem::replace(&mut ready.carried, shared.budget.lease(0));
-        lease.grow_to(carried.bytes());
-        drop(carried);
+        let held = carried.bytes();
+        take_over(&mut lease, carried, held);
         while drawn.len() < bs && !done {
             if run.cancelled() {
                 return None;
@@ -212,6 +247,17 @@ impl Worker {
             }
             let mut table = d.arrived;
             if table.is_empty() {
+                continue;
+            }
+            // Run now only while the budget has room for the rows (as the
+            // segment last measured them) and a task more: otherwise once
+            // drawn.
+            let per_row = shared.row_bytes[self.seg].load(Ordering::Relaxed);
+            let grow =
+                (ready.bytes + per_row.saturating_mul(table.len())).saturating_sub(lease.bytes());
+            let headroom = shared.task_bytes(bs).unwrap_or(0);
+            if !unmeasured && !shared.budget.fits(grow.saturating_add(headroom)) {
+                ready.put(table, true, &mut log);
                 continue;
             }
             lease.grow_to(ready.bytes + table.nbytes());
@@ -252,9 +298,8 @@ impl Worker {
                 }
             }
             absorb(&mut log, slog);
-            ready.put(table, &mut log);
-            lease.grow_to(ready.bytes);
-            drop(sl);
+            ready.put(table, false, &mut log);
+            take_over(&mut lease, sl, ready.bytes);
             if stop {
                 // Under the stop policy the part is cut whole: read no more.
                 break;
@@ -267,9 +312,18 @@ impl Worker {
                 lease: held,
             } = self.await_slice(job, &rx)?;
             absorb(&mut log, slog);
-            ready.put(table, &mut log);
+            ready.put(table, false, &mut log);
+            take_over(&mut lease, held, ready.bytes);
+        }
+        // Drawn items that waited unrun run now.
+        let mut late = ready.raw.take(&drawn);
+        if !late.is_empty() && log.fail.is_none() {
+            lease.grow_to(ready.bytes + late.nbytes());
+            let mut slog = TaskLog::default();
+            self.run_segment(run, &mut late, &mut slog, &mut lease);
+            absorb(&mut log, slog);
+            ready.put(late, false, &mut log);
             lease.grow_to(ready.bytes);
-            drop(held);
         }
         let out = ready.take(&drawn);
         // The rows left for later parts keep their share of the lease.
