@@ -142,6 +142,8 @@ mod tests {
         hold: Arc<std::sync::atomic::AtomicBool>,
         bodies: Arc<AtomicUsize>,
         most: Arc<AtomicUsize>,
+        /// The key of each GET, in the order asked.
+        log: std::sync::Mutex<Vec<String>>,
     }
 
     /// One body under way (see [`Flaky::most`]).
@@ -172,6 +174,9 @@ mod tests {
         }
         async fn get_opts(&self, l: &Path, o: GetOptions) -> Result<GetResult> {
             self.gets.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut log) = self.log.lock() {
+                log.push(l.to_string());
+            }
             if self.down.load(Ordering::SeqCst) {
                 return Err(object_store::Error::Generic {
                     store: "flaky",
@@ -280,6 +285,7 @@ mod tests {
             hold: Arc::new(false.into()),
             bodies: Arc::new(AtomicUsize::new(0)),
             most: Arc::new(AtomicUsize::new(0)),
+            log: Default::default(),
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -496,5 +502,87 @@ mod tests {
             view.paths(),
             "one view per URL, the same every run"
         );
+    }
+
+    /// Reads epoch 0 (objects in order) with a 16 KiB cache cap over 40
+    /// objects of ~1 KB, one read-ahead download at a time (so the GETs'
+    /// order is the queue's), the next epoch's order the same; returns the
+    /// GETs' object indices, in order, once there are `until` and no more
+    /// come (and the cache's folder).
+    fn epoch_with_next(
+        prefetch: bool,
+        until: usize,
+    ) -> (Arc<Flaky>, Remote, Vec<usize>, tempfile::TempDir) {
+        let store = flaky(40, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let url = RemoteUrl::parse("s3://b/d").unwrap();
+        let o = RemoteOptions {
+            cache_bytes: Some(16 << 10),
+            download_workers: Some(1),
+            prefetch,
+            ..opts(dir.path())
+        };
+        let r = Remote::with_store(url, store.clone(), o).unwrap();
+        let order: Vec<usize> = (0..40).collect();
+        r.schedule(order.clone(), Some(order.clone()));
+        for &i in &order {
+            r.read(i).unwrap();
+        }
+        // Until `until` GETs, then no more for 200 ms (10 s at most).
+        let t = std::time::Instant::now();
+        let mut last = (0, t);
+        while (last.0 < until || last.1.elapsed() < Duration::from_millis(200))
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+            let now = store.gets.load(Ordering::SeqCst);
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            }
+        }
+        let index: std::collections::HashMap<&str, usize> = r
+            .objects()
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o.key.as_str(), i))
+            .collect();
+        let gets = store
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|k| index[k.as_str()])
+            .collect();
+        (store, r, gets, dir)
+    }
+
+    #[test]
+    fn the_next_epochs_first_objects_are_downloaded_after_this_epochs_within_the_cap() {
+        let (store, r, gets, _dir) = epoch_with_next(true, 48);
+        assert_eq!(gets.len(), 48, "{gets:?}");
+        // Every object of this epoch once, before any of the next epoch's:
+        // the next epoch's downloads never hold this one's back.
+        let mut first: Vec<usize> = gets[..40].to_vec();
+        first.sort_unstable();
+        assert_eq!(first, (0..40).collect::<Vec<_>>());
+        // Then the next epoch's first objects (evicted under the cap since
+        // this epoch read them): as many as half the cache holds, 8 KiB
+        // of objects of 1,019 bytes on average.
+        let ahead = &gets[40..];
+        let mut sorted = ahead.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..8).collect::<Vec<_>>(), "{ahead:?}");
+        assert!(r.cache().bytes() <= 16 << 10);
+        // The next epoch finds them in the cache: no new request.
+        for i in 0..8 {
+            r.read(i).unwrap();
+        }
+        assert_eq!(store.gets.load(Ordering::SeqCst), 48);
+
+        // Without prefetch nothing of the next epoch is downloaded early.
+        let (store, r, gets, _dir) = epoch_with_next(false, 40);
+        assert_eq!(gets.len(), 40, "{gets:?}");
+        r.read(0).unwrap();
+        assert_eq!(store.gets.load(Ordering::SeqCst), 41);
     }
 }
