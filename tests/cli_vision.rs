@@ -113,8 +113,14 @@ fn make_dataset_is_deterministic_and_imagenet_like() {
     make_dataset(&b, 30, 4);
     let (fa, fb) = (jpgs(&a), jpgs(&b));
     assert_eq!(fa.len(), 30);
-    let classes = std::fs::read_dir(&a).unwrap().count();
+    // Ten class folders, beside the file that marks the folder as written
+    // by make-dataset.
+    let classes = std::fs::read_dir(&a)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
     assert_eq!(classes, 10);
+    assert!(a.join(ferrofeed::vision::synth::MARKER).is_file());
     for (x, y) in fa.iter().zip(&fb) {
         assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap());
     }

@@ -29,7 +29,7 @@ use crate::options::{Batching, Options, Recording, Scheduling, Shuffling, Tuning
 use crate::pipeline::Pipeline;
 use crate::sampler::{BatchSampler, FixedBatches, Order, Shard};
 use crate::source::{IterableSource, Source};
-use crate::stage::{erase, FnStage, Stage, StageCtx, StageOptions};
+use crate::stage::{erase, FnStage, Parallelism, Stage, StageCtx, StageOptions};
 
 /// Builds a [`Pipeline`]: a source, stages, a collate, and [`Options`]
 /// (given whole, by group, or one field at a time).
@@ -330,6 +330,26 @@ impl PipelineBuilder {
                 kind,
                 hint,
             });
+        }
+        for st in &self.stages {
+            if let Parallelism::Fixed(n) = st.opts.workers {
+                if n > crate::stage::MAX_WORKERS {
+                    return Err(BuildError::Invalid(format!(
+                        "stage {:?}: {n} workers is more than the {} a stage may have",
+                        st.name,
+                        crate::stage::MAX_WORKERS
+                    )));
+                }
+            }
+        }
+        if scheduling
+            .cpus
+            .is_some_and(|c| c > crate::stage::MAX_WORKERS)
+        {
+            return Err(BuildError::Invalid(format!(
+                "cpus: at most {}",
+                crate::stage::MAX_WORKERS
+            )));
         }
         let collate = self.collate.ok_or(BuildError::NoCollate)?;
         check_flow(&self.source_writes, &self.stages, &collate.reads())?;

@@ -124,13 +124,14 @@ impl<T: Collatable> Column for StackColumn<T> {
             .enumerate()
         {
             if i > 0 && !c.same_shape(first) {
+                let (odd, common) = odd_one_out(values);
                 return Err(CollateError {
-                    sample: Some(i),
+                    sample: Some(odd),
                     message: format!(
-                        "column `{}`: shape {:?} differs from the batch's {:?}",
+                        "column `{}`: shape {:?} differs from the {:?} of the batch's other samples",
                         self.name,
-                        c.shape(),
-                        row_shape
+                        values[odd].shape(),
+                        common
                     ),
                 });
             }
@@ -138,6 +139,32 @@ impl<T: Collatable> Column for StackColumn<T> {
         }
         Ok(tensor)
     }
+}
+
+/// In a batch whose rows differ in shape: the first row whose shape is not
+/// the most common one (ties go to the shape seen first), and that shape.
+/// Blaming the row that differs from the first instead would blame every
+/// good row of a batch whose first row is the odd one.
+fn odd_one_out<T: Collatable>(values: &[T]) -> (usize, Vec<usize>) {
+    // (a row of the shape, rows of it), in order of first appearance.
+    let mut shapes: Vec<(usize, usize)> = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        match shapes.iter_mut().find(|(r, _)| values[*r].same_shape(v)) {
+            Some((_, n)) => *n += 1,
+            None => shapes.push((i, 1)),
+        }
+    }
+    let mut common = shapes.first().map_or(0, |s| s.0);
+    let mut best = 0;
+    for &(r, n) in &shapes {
+        if n > best {
+            (common, best) = (r, n);
+        }
+    }
+    let odd = (0..values.len())
+        .find(|&i| !values[i].same_shape(&values[common]))
+        .unwrap_or(0);
+    (odd, values[common].shape())
 }
 
 /// Stacks one component type per column, into buffers recycled from a

@@ -137,6 +137,13 @@ impl std::str::FromStr for ErrorPolicy {
                 let attempts = n
                     .parse::<u32>()
                     .map_err(|_| format!("retry count `{n}` is not a whole number"))?;
+                // The wait doubles per attempt (10 ms first): past this many
+                // a failing sample would hold its worker for hours.
+                if attempts > MAX_RETRIES {
+                    return Err(format!(
+                        "retry:{attempts}: at most {MAX_RETRIES} retries (the wait doubles each time)"
+                    ));
+                }
                 Ok(ErrorPolicy::Retry {
                     attempts,
                     backoff: Duration::from_millis(10),
@@ -146,6 +153,9 @@ impl std::str::FromStr for ErrorPolicy {
         }
     }
 }
+
+/// The most retries `retry:N` may ask for.
+pub const MAX_RETRIES: u32 = 12;
 
 /// What went wrong with a sample.
 #[derive(Debug, Clone)]
@@ -317,6 +327,8 @@ mod tests {
         assert_eq!(p.attempts(), 2);
         assert!(p.skips());
         assert!("retry:x".parse::<ErrorPolicy>().is_err());
+        assert!("retry:12".parse::<ErrorPolicy>().is_ok());
+        assert!("retry:1000000000".parse::<ErrorPolicy>().is_err());
         assert!("retry:2:maybe".parse::<ErrorPolicy>().is_err());
     }
 

@@ -67,7 +67,7 @@ pub use collate::{BatchStage, Collatable, Collate, CollateError, StackCollate};
 pub use component::{Component, ComponentId};
 pub use component_set::ComponentSet;
 pub use error::{
-    error_chain, BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError,
+    error_chain, BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError, MAX_RETRIES,
 };
 pub use html::{ReportPage, MAX_SKIPPED_SHOWN};
 pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
@@ -85,8 +85,8 @@ pub use sampler::{
 pub use source::{
     stream_index, FnSource, IterableSource, ShardEpoch, ShardIter, Source, STREAM_POSITION_BITS,
 };
-pub use stage::{FnStage, Parallelism, Stage, StageCtx, StageOptions};
-pub use state::{PipelineState, Position, ResumeError};
+pub use stage::{FnStage, Parallelism, Stage, StageCtx, StageOptions, MAX_WORKERS};
+pub use state::{read_settings_file, PipelineState, Position, ResumeError, MAX_STATE_BYTES};
 pub use stop::StopHandle;
 pub use table::{BatchRows, Table};
 

@@ -73,6 +73,22 @@ impl EpochPlan {
     pub fn batch(&self, b: usize) -> &[u64] {
         &self.indices[self.offsets[b]..self.offsets[b + 1]]
     }
+    /// A digest of which samples the plan delivers in which batches (FNV-1a
+    /// over the batch lengths and indices, as 16 hex digits): two plans
+    /// with the same digest cut the epoch alike, so a saved position means
+    /// the same samples in both.
+    pub fn digest(&self) -> String {
+        const PRIME: u64 = 0x0100_0000_01b3;
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |x: u64| h = (h ^ x).wrapping_mul(PRIME);
+        for w in self.offsets.windows(2) {
+            eat(u64::MAX - (w[1] - w[0]) as u64);
+            for &i in &self.indices[w[0]..w[1]] {
+                eat(i);
+            }
+        }
+        format!("{h:016x}")
+    }
 }
 
 /// This process's place among the ranks of a distributed job.

@@ -39,6 +39,11 @@ pub enum Parallelism {
     Fixed(usize),
 }
 
+/// The most workers one stage may have: each is a thread with its own
+/// stack, and far more than this is refused by name (`--workers 20000`)
+/// instead of failing deep in thread creation.
+pub const MAX_WORKERS: usize = 1024;
+
 impl Parallelism {
     /// The worker count, resolving `Auto` with `cpus`.
     pub fn resolve(self, cpus: usize) -> usize {
@@ -55,9 +60,13 @@ impl std::str::FromStr for Parallelism {
         if s == "auto" {
             return Ok(Parallelism::Auto);
         }
-        s.parse::<usize>()
-            .map(Parallelism::Fixed)
-            .map_err(|_| format!("`{s}` is neither `auto` nor a worker count"))
+        match s.parse::<usize>() {
+            Ok(n) if n > MAX_WORKERS => Err(format!(
+                "{n} workers is more than the {MAX_WORKERS} a stage may have"
+            )),
+            Ok(n) => Ok(Parallelism::Fixed(n)),
+            Err(_) => Err(format!("`{s}` is neither `auto` nor a worker count")),
+        }
     }
 }
 

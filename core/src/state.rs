@@ -97,6 +97,33 @@ pub struct PipelineState {
     /// follow, so resuming reads them again first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub carry: Vec<(u64, u64, u64)>,
+    /// Samples per batch. A position counts batches, so it means other
+    /// samples under another batch size. (Absent in states written before
+    /// it was recorded: then not checked.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u64>,
+    /// Whether the run shuffled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<bool>,
+    /// Whether a short last batch was dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_last: Option<bool>,
+    /// Iterable sources: the shuffle buffer's capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_buffer: Option<u64>,
+    /// Iterable sources: shards read together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interleave: Option<u64>,
+    /// Map-style sources: [`EpochPlan::digest`](crate::sampler::EpochPlan::digest)
+    /// of the saved epoch's plan, which any other sampler setting (e.g. a
+    /// token budget per batch) changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// What the front end that saved the state knows of its dataset's
+    /// identity (e.g. a digest of its paths and sizes), checked when both
+    /// the state and the resuming pipeline have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
 }
 
 fn yes() -> bool {
@@ -115,7 +142,8 @@ pub enum ResumeError {
     Parse(String),
     /// A field differs from this pipeline's.
     #[error(
-        "the state was saved with {field} = {saved}, this run has {current}: refusing to resume"
+        "the state was saved with {field} = {saved}, this run has {current}: refusing to resume \
+         (the saved position would mean other samples)"
     )]
     Mismatch {
         /// The field.
@@ -124,6 +152,16 @@ pub enum ResumeError {
         saved: String,
         /// This pipeline's value.
         current: String,
+    },
+    /// The saved position is past the end of its epoch.
+    #[error("the state's position {position} is past the end of epoch {epoch} ({end}): refusing to resume")]
+    PastEnd {
+        /// The epoch.
+        epoch: u64,
+        /// `[major, minor]` as saved.
+        position: String,
+        /// What the epoch holds.
+        end: String,
     },
 }
 
@@ -150,23 +188,45 @@ impl PipelineState {
         Ok(s)
     }
 
-    /// Refuses a state whose seed, dataset or shard differ from `current`.
+    /// Refuses a state whose seed, dataset, shard or batching differ from
+    /// `current`, naming the first field that does. Fields the state lacks
+    /// (older files) are not checked.
     pub fn check_against(&self, current: &PipelineState) -> Result<(), ResumeError> {
         fn fmt<T: std::fmt::Debug>(v: &T) -> String {
             format!("{v:?}")
         }
-        let checks: [(&'static str, String, String); 6] = [
+        fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+            v.as_ref().map_or_else(|| "none".to_string(), T::to_string)
+        }
+        fn saved<T: std::fmt::Display>(
+            field: &'static str,
+            saved: &Option<T>,
+            now: &Option<T>,
+        ) -> (&'static str, String, String) {
+            if saved.is_none() {
+                (field, String::new(), String::new())
+            } else {
+                (field, opt(saved), opt(now))
+            }
+        }
+        let dataset = if self.dataset.is_some() && current.dataset.is_some() {
+            saved("dataset", &self.dataset, &current.dataset)
+        } else {
+            ("dataset", String::new(), String::new())
+        };
+        let checks: [(&'static str, String, String); 13] = [
             ("seed", fmt(&self.seed), fmt(&current.seed)),
             (
                 "dataset_len",
-                fmt(&self.dataset_len),
-                fmt(&current.dataset_len),
+                opt(&self.dataset_len),
+                opt(&current.dataset_len),
             ),
             (
                 "dataset_shards",
-                fmt(&self.dataset_shards),
-                fmt(&current.dataset_shards),
+                opt(&self.dataset_shards),
+                opt(&current.dataset_shards),
             ),
+            dataset,
             (
                 "world_size",
                 fmt(&self.world_size),
@@ -174,6 +234,16 @@ impl PipelineState {
             ),
             ("rank", fmt(&self.rank), fmt(&current.rank)),
             ("pad_shards", fmt(&self.pad), fmt(&current.pad)),
+            saved("batch_size", &self.batch_size, &current.batch_size),
+            saved("shuffle", &self.shuffle, &current.shuffle),
+            saved("drop_last", &self.drop_last, &current.drop_last),
+            saved(
+                "shuffle_buffer",
+                &self.shuffle_buffer,
+                &current.shuffle_buffer,
+            ),
+            saved("interleave", &self.interleave, &current.interleave),
+            saved("plan", &self.plan, &current.plan),
         ];
         for (field, saved, now) in checks {
             if saved != now {
@@ -185,5 +255,62 @@ impl PipelineState {
             }
         }
         Ok(())
+    }
+}
+
+/// The most bytes [`PipelineState::read`] takes from a state file (a state
+/// is a few hundred bytes).
+pub const MAX_STATE_BYTES: u64 = 16 << 20;
+
+/// Reads a settings file (a saved state, a tokenizer) of at most `max`
+/// bytes: anything but a regular file (a FIFO, `/dev/zero`, a folder) is
+/// refused before it is read, and a file longer than `max` is refused after
+/// reading `max + 1` bytes at most, so a lying size cannot run memory out.
+///
+/// ```
+/// let p = std::env::temp_dir().join(format!("ff-settings-doc-{}.json", std::process::id()));
+/// std::fs::write(&p, "{}").unwrap();
+/// assert_eq!(ferrofeed_core::read_settings_file(&p, 16).unwrap(), b"{}");
+/// assert!(ferrofeed_core::read_settings_file(&p, 1).is_err());
+/// assert!(ferrofeed_core::read_settings_file(std::path::Path::new("/dev/zero"), 16).is_err());
+/// std::fs::remove_file(&p).unwrap();
+/// ```
+pub fn read_settings_file(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read};
+    let refuse = || {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "not a regular file (a device, FIFO or folder): refusing to read it",
+        )
+    };
+    // Checked before opening: opening a FIFO blocks until a writer comes.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(refuse());
+    }
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(refuse());
+    }
+    let mut out = Vec::with_capacity(meta.len().min(max) as usize);
+    file.take(max + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("longer than {max} bytes: refusing to read it"),
+        ));
+    }
+    Ok(out)
+}
+
+impl PipelineState {
+    /// Reads and parses a state file (at most [`MAX_STATE_BYTES`], a regular
+    /// file only), naming the file in the error.
+    pub fn read(path: &std::path::Path) -> Result<PipelineState, ResumeError> {
+        let bytes = read_settings_file(path, MAX_STATE_BYTES)
+            .map_err(|e| ResumeError::Parse(format!("{}: {e}", path.display())))?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|e| ResumeError::Parse(format!("{}: not UTF-8 ({e})", path.display())))?;
+        PipelineState::from_json(text)
     }
 }

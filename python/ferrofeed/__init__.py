@@ -17,6 +17,7 @@ Options are the flags of the matching ``ferrofeed`` subcommand as keywords
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Dict, Iterator, Optional, Union
 
 from . import _ferrofeed
@@ -59,12 +60,21 @@ class Loader:
     a loop and looping again starts the next epoch cleanly. A batch is a
     ``dict`` of tensors named as the command's ``--dump`` files, plus
     ``indices`` (int64 dataset indices).
+
+    Each ``iter()`` (or ``epoch()``) starts an epoch and ends the one before:
+    an iterator taken earlier then raises ``RuntimeError`` instead of
+    reading the newer epoch's batches, and a loader is iterated by one
+    thread at a time (another thread's ``next()`` meanwhile raises
+    ``RuntimeError``).
     """
 
     def __init__(self, domain: str, path: Optional[PathLike] = None, **options: Any):
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path: expected a str or path, got {type(path).__name__}")
         self._inner = _ferrofeed.Loader(domain, None if path is None else os.fspath(path), options)
+        # The iterator whose epoch runs now, and the lock `next()` holds.
+        self._generation = 0
+        self._busy = threading.Lock()
 
     @property
     def domain(self) -> str:
@@ -80,13 +90,25 @@ class Loader:
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         """Runs the next epoch."""
-        return _Epoch(iter(self._inner))
+        with self._exclusive():
+            self._generation += 1
+            return _Epoch(self, iter(self._inner), self._generation)
 
     def epoch(self, e: int) -> Iterator[Dict[str, Any]]:
         """Runs epoch ``e``; the next plain iteration runs ``e + 1``."""
         if not isinstance(e, int) or isinstance(e, bool) or e < 0:
             raise ValueError(f"e: expected a whole number ≥ 0, got {e!r}")
-        return _Epoch(self._inner.epoch(e))
+        with self._exclusive():
+            self._generation += 1
+            return _Epoch(self, self._inner.epoch(e), self._generation)
+
+    def _exclusive(self) -> "_Held":
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(
+                "this loader is being iterated by another thread: a loader is iterated by one thread "
+                "at a time (make one loader per thread, with rank/world_size to split the data)"
+            )
+        return _Held(self._busy)
 
     def state_dict(self) -> Dict[str, Any]:
         """The position after the last batch handed out (JSON-serialisable).
@@ -129,24 +151,48 @@ class Loader:
         return f"ferrofeed.Loader({self.domain!r}, next_epoch={self._inner.next_epoch})"
 
 
+class _Held:
+    """Releases a lock taken without blocking when its ``with`` ends."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: Any):
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+
 class _Epoch:
     """One epoch's batches; records the wait for each in torch's profiler
     (as ``ferrofeed: wait for batch``) when torch is imported."""
 
-    __slots__ = ("_it",)
+    __slots__ = ("_loader", "_it", "_generation")
 
-    def __init__(self, it: Any):
+    def __init__(self, loader: Loader, it: Any, generation: int):
+        self._loader = loader
         self._it = it
+        self._generation = generation
 
     def __iter__(self) -> "_Epoch":
         return self
 
     def __next__(self) -> Dict[str, Any]:
-        torch = _torch()
-        if torch is None or not torch.autograd.profiler._is_profiler_enabled:
-            return next(self._it)
-        with torch.profiler.record_function("ferrofeed: wait for batch"):
-            return next(self._it)
+        loader = self._loader
+        with loader._exclusive():
+            if self._generation != loader._generation:
+                raise RuntimeError(
+                    "this iterator's epoch was ended by a later iter() or epoch() of the same loader: "
+                    "each iter() runs the next epoch, so iterate the newest one"
+                )
+            torch = _torch()
+            if torch is None or not torch.autograd.profiler._is_profiler_enabled:
+                return next(self._it)
+            with torch.profiler.record_function("ferrofeed: wait for batch"):
+                return next(self._it)
 
 
 def _torch() -> Any:

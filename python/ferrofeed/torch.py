@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import copy
 import itertools
+import os
 import queue
 import sys
 import threading
@@ -108,6 +109,53 @@ def _set_gen_state(generator: Optional[torch.Generator], text: str) -> None:
         torch.set_rng_state(t)
 
 
+def _signature(x: Any) -> Any:
+    """What must agree between samples for them to collate: the structure,
+    and the shape and dtype of every tensor or array in it."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), x.dtype)
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return ("array", tuple(shape), str(dtype))
+    if isinstance(x, dict):
+        return ("dict", tuple((repr(k), _signature(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_signature(v) for v in x))
+    return (type(x).__name__,)
+
+
+def _blame(samples: List[Any], collate_fn: Callable[[List[Any]], Any]) -> Optional[int]:
+    """The position of the sample a failed collate of ``samples`` is due to:
+    the first ``None`` (a ``__getitem__`` that had nothing), else the first
+    that fails to collate alone, else the first whose shapes differ from
+    most of the batch's. ``None`` when no one sample is at fault."""
+    for i, x in enumerate(samples):
+        if x is None:
+            return i
+    if len(samples) < 2:
+        return 0 if samples else None
+    for i, x in enumerate(samples):
+        try:
+            collate_fn([x])
+        except Exception:
+            return i
+    counts: Dict[Any, int] = {}
+    sigs = []
+    for x in samples:
+        try:
+            sig = _signature(x)
+            hash(sig)
+        except Exception:
+            return None
+        sigs.append(sig)
+        counts[sig] = counts.get(sig, 0) + 1
+    common = max(counts, key=lambda k: counts[k])  # ties: the first seen
+    for i, sig in enumerate(sigs):
+        if sig != common:
+            return i
+    return None
+
+
 class _Work:
     """What worker threads run: ``__getitem__`` and collate, with each
     thread's worker setup. Kept apart from the loader so that the engine's
@@ -141,7 +189,17 @@ class _Work:
         return sample, _nbytes(sample)
 
     def collate(self, samples: Any) -> Any:
-        batch = self.collate_fn(samples)
+        try:
+            batch = self.collate_fn(samples)
+        except Exception as e:
+            # Names the sample at fault for the engine's error policy (it
+            # drops that one under "skip", not the batch's first).
+            if isinstance(samples, list):
+                try:
+                    e.__ferrofeed_sample__ = _blame(samples, self.collate_fn)  # type: ignore[attr-defined]
+                except Exception:
+                    pass
+            raise
         if self.pin_memory:
             batch = tud._utils.pin_memory.pin_memory(batch)
         return batch
@@ -220,6 +278,7 @@ class DataLoader:
         self._skip = on_error == "skip" or on_error.endswith(":skip")
         self._budget = max_bytes_in_flight or _DEFAULT_BUDGET
         self._iterable = isinstance(dataset, IterableDataset)
+        self._pid = os.getpid()
         self._runner: Optional[Any] = None
         self._threads: Optional[_IterWorkers] = None
         # Exact resume: the RNG state at the start of the current epoch and
@@ -261,6 +320,11 @@ class DataLoader:
         return list(self._torch._index_sampler)
 
     def __iter__(self) -> Iterator[Any]:
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this DataLoader was created in process {self._pid}; after os.fork() its threads exist "
+                "only there: create the DataLoader in this process (or fork before creating it)"
+            )
         if self._resume is not None:
             state, self._resume = self._resume, None
             _set_gen_state(self.generator, state["rng"])
@@ -305,9 +369,11 @@ class DataLoader:
         for b in plan:
             t = time.perf_counter()
             samples = []
+            kept: List[int] = []
             for i in b if auto else [b]:
                 try:
                     samples.append(self.dataset[i])
+                    kept.append(int(i))
                 except Exception as e:
                     if not self._skip:
                         raise
@@ -316,7 +382,12 @@ class DataLoader:
             getitem += t1 - t
             if not samples:
                 continue
-            batch = self.collate_fn(samples if auto else samples[0])
+            if auto and self._skip:
+                batch = self._collate_skipping(samples, kept, skipped)
+                if batch is None:
+                    continue
+            else:
+                batch = self.collate_fn(samples if auto else samples[0])
             if self.pin_memory:
                 batch = tud._utils.pin_memory.pin_memory(batch)
             collate += time.perf_counter() - t1
@@ -334,6 +405,24 @@ class DataLoader:
                 "skipped": skipped,
             }
         )
+
+    def _collate_skipping(self, samples: List[Any], indices: List[int], skipped: List[Dict[str, Any]]) -> Any:
+        """Collates under ``on_error="skip"``: a failing batch loses only the
+        samples at fault (see ``_blame``), each recorded in ``skipped``;
+        ``None`` when none is left."""
+        samples, indices = list(samples), list(indices)
+        while samples:
+            try:
+                return self.collate_fn(samples)
+            except Exception as e:
+                at = _blame(samples, self.collate_fn)
+                drop = range(len(samples)) if at is None else [at]
+                for k in drop:
+                    skipped.append({"index": indices[k], "stage": "collate", "error": repr(e)})
+                if at is None:
+                    return None
+                del samples[at], indices[at]
+        return None
 
     def _iter_iterable(self, skip: int) -> Iterator[Any]:
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()

@@ -97,10 +97,23 @@ impl Collate for PyCollate {
                     batch.attach(PyBatch(b.unbind()));
                     Ok(batch)
                 }
-                Err(e) => Err(CollateError {
-                    sample: Some(0),
-                    message: stash(&self.raised, first, py, e),
-                }),
+                Err(e) => {
+                    // The Python side names the sample at fault (a None, one
+                    // that fails alone, one of another shape); without a
+                    // name the whole batch is at fault.
+                    let blamed = e
+                        .value(py)
+                        .getattr("__ferrofeed_sample__")
+                        .ok()
+                        .and_then(|v| v.extract::<usize>().ok())
+                        .filter(|&p| p < items.len())
+                        .or((items.len() == 1).then_some(0));
+                    let at = blamed.map_or(first, |p| rows.indices()[p]);
+                    Err(CollateError {
+                        sample: blamed,
+                        message: stash(&self.raised, at, py, e),
+                    })
+                }
             }
         })
     }
@@ -127,6 +140,16 @@ pub struct MapRunner {
     runs: u64,
     timeout: Option<Duration>,
     summary: Option<ferrofeed_core::EpochSummary>,
+    /// The process that made it (its threads are not in a forked child).
+    pid: u32,
+}
+
+/// What a forked child gets from a runner made before the fork.
+fn forked(pid: u32) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "this DataLoader was created in process {pid}; after os.fork() its threads exist only \
+         there: create the DataLoader in this process (or fork before creating it)"
+    ))
 }
 
 impl MapRunner {
@@ -146,6 +169,13 @@ impl MapRunner {
 
 impl Drop for MapRunner {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child: joining the parent's threads would wait
+            // forever.
+            std::mem::forget(self.run.take());
+            std::mem::forget(Arc::clone(&self.pipeline));
+            return;
+        }
         self.finish();
     }
 }
@@ -216,12 +246,16 @@ impl MapRunner {
             runs: 0,
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             summary: None,
+            pid: std::process::id(),
         })
     }
 
     /// Starts running `batches` (lists of dataset indices), stopping any
     /// run in progress.
-    fn start(&mut self, py: Python<'_>, batches: Vec<Vec<u64>>) {
+    fn start(&mut self, py: Python<'_>, batches: Vec<Vec<u64>>) -> PyResult<()> {
+        if self.pid != std::process::id() {
+            return Err(forked(self.pid));
+        }
         py.detach(|| self.finish());
         *self.plan.lock_unpoisoned() = batches;
         self.raised.lock_unpoisoned().clear();
@@ -256,12 +290,16 @@ impl MapRunner {
             })
             .ok();
         self.run = Some(Active { rx, stop, thread });
+        Ok(())
     }
 
     /// The next `(indices, batch)`, or `None` at the end of the run.
     /// Raises the dataset's (or collate's) own exception under `fail`, and
     /// `RuntimeError` when `timeout` passes first.
     fn next(&mut self, py: Python<'_>) -> PyResult<Option<(Vec<u64>, Py<PyAny>)>> {
+        if self.pid != std::process::id() {
+            return Err(forked(self.pid));
+        }
         let Some(a) = &self.run else {
             return Ok(None);
         };

@@ -89,6 +89,18 @@ pub struct Loader {
     /// start when no epoch is running).
     state: PipelineState,
     report: Option<Report>,
+    /// The process that made the loader: after `os.fork()` its threads
+    /// exist only there.
+    pid: u32,
+}
+
+/// The error every use of a loader raises in a child forked after it was
+/// made: its threads stayed in the parent.
+fn forked(pid: u32) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "this loader was created in process {pid}; after os.fork() its threads exist only \
+         there: create the loader in this process (or fork before creating it)"
+    ))
 }
 
 /// The Python value of a keyword as a flag's text.
@@ -342,11 +354,14 @@ impl Loader {
             .map_err(build_error)?;
         let mut pending = None;
         if let Some(file) = &job.common.resume {
-            let text = std::fs::read_to_string(file).map_err(|e| {
-                PyFileNotFoundError::new_err(format!("resume: {}: {e}", file.display()))
-            })?;
+            if !file.exists() {
+                return Err(PyFileNotFoundError::new_err(format!(
+                    "resume: {}: no such file",
+                    file.display()
+                )));
+            }
             pending = Some(
-                PipelineState::from_json(&text)
+                PipelineState::read(file)
                     .map_err(|e| PyValueError::new_err(format!("resume: {e}")))?,
             );
         }
@@ -368,6 +383,7 @@ impl Loader {
             run: None,
             state,
             report: None,
+            pid: std::process::id(),
         })
     }
 
@@ -375,30 +391,45 @@ impl Loader {
     /// built-in domains; an iterable source whose length is unknown
     /// raises `TypeError`, as `len()` of an unsized iterable does).
     fn __len__(&self) -> PyResult<usize> {
-        self.job
+        let n = self
+            .job
             .pipeline
             .epoch_hint(self.next_epoch)
-            .ok_or_else(|| PyTypeError::new_err("this loader's epochs have no known length"))
+            .ok_or_else(|| PyTypeError::new_err("this loader's epochs have no known length"))?;
+        // `limit_batches` caps what an epoch delivers.
+        Ok(match self.job.common.limit_batches {
+            Some(l) => n.min(usize::try_from(l).unwrap_or(usize::MAX)),
+            None => n,
+        })
     }
 
     /// Starts the next epoch (or the resumed one) and returns the loader.
-    fn __iter__(mut slf: PyRefMut<'_, Self>) -> PyRefMut<'_, Self> {
+    fn __iter__(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        if slf.pid != std::process::id() {
+            return Err(forked(slf.pid));
+        }
         let epoch = match &slf.run {
             Some(r) => r.epoch + 1,
             None => slf.next_epoch,
         };
         slf.start(epoch);
-        slf
+        Ok(slf)
     }
 
     /// Iterates epoch `e` (the following `iter()` runs `e + 1`).
-    fn epoch(mut slf: PyRefMut<'_, Self>, e: u64) -> PyRefMut<'_, Self> {
+    fn epoch(mut slf: PyRefMut<'_, Self>, e: u64) -> PyResult<PyRefMut<'_, Self>> {
+        if slf.pid != std::process::id() {
+            return Err(forked(slf.pid));
+        }
         slf.pending = None;
         slf.start(e);
-        slf
+        Ok(slf)
     }
 
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyDict>>> {
+        if self.pid != std::process::id() {
+            return Err(forked(self.pid));
+        }
         let Some(run) = &self.run else {
             return Ok(None);
         };
@@ -508,6 +539,10 @@ impl Loader {
 
     /// Stops the running epoch, if any, and joins its threads.
     fn close(&mut self, py: Python<'_>) {
+        if self.pid != std::process::id() {
+            std::mem::forget(self.run.take());
+            return;
+        }
         if let Some(r) = self.run.take() {
             py.detach(move || r.finish());
         }
@@ -531,6 +566,13 @@ impl Loader {
 
 impl Drop for Loader {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child: the threads to stop and join are the
+            // parent's. Joining them would wait forever; leave them be.
+            std::mem::forget(self.run.take());
+            std::mem::forget(Arc::clone(&self.job));
+            return;
+        }
         if let Some(r) = self.run.take() {
             r.finish();
         }
@@ -653,7 +695,9 @@ fn drive(
         None => p.epoch(epoch),
     };
     let mut batches = 0u64;
-    while let Some(item) = it.next() {
+    // `limit_batches=0` delivers nothing.
+    while limit.is_none_or(|l| batches < l) {
+        let Some(item) = it.next() else { break };
         let msg = match item {
             Ok(b) => Msg::Batch(Box::new(b), Box::new(it.state())),
             Err(e) => Msg::Error(Box::new(job.shown_error(e)), Box::new(it.state())),
@@ -662,9 +706,6 @@ fn drive(
             return;
         }
         batches += 1;
-        if limit.is_some_and(|l| batches >= l) {
-            break;
-        }
     }
     let s = it.summary().clone();
     let state = it.state();

@@ -56,6 +56,9 @@ def tree(tmp_path_factory, moto):
     root = tmp_path_factory.mktemp("tree")
     subprocess.run([str(BIN), "make-dataset", "vision", str(root), "--count", "48"], check=True,
                    capture_output=True)
+    # The file that marks a folder make-dataset wrote is no part of a
+    # user's tree.
+    (root / ".ferrofeed-synth").unlink()
     total = moto.upload_tree("data", "tree", root)
     return root, total
 

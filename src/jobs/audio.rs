@@ -87,7 +87,7 @@ pub struct AudioOpts {
     #[arg(long, value_enum, default_value = "error")]
     pub non_finite: NonFiniteArg,
     /// Keep each file's chunk features on disk here, keyed by the file
-    /// (path, size, mtime) and every setting that shapes them; later epochs
+    /// (path, size, mtime, a hash of its bytes) and every setting that shapes them; later epochs
     /// and runs read them instead of decoding.
     #[arg(long, value_name = "DIR")]
     pub feature_cache: Option<PathBuf>,
@@ -349,9 +349,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     let cpus = resources.workers();
     // Everything the flags can get wrong is refused before any file is read.
     let stages = (stage(&a.audio)?, augment(&a.audio)?);
-    if let Some(path) = &c.trace {
-        std::fs::write(path, b"").map_err(CliError::io(path))?;
-    }
+    c.check_outputs()?;
     let (files, local) = open(&a.path, &a.audio, c.quiet, &c.remote)?;
     // Each shard's file (a long file's segments share it).
     let paths: Vec<PathBuf> = files.shard_paths();
@@ -414,6 +412,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
         m
     };
     let mut job = Job::new("audio", pipeline, a.common.clone(), index, resources);
+    job.identify(&*paths);
     job.extra = Box::new(extra);
     job.index_of_batch = Some(Box::new(of_batch));
     if let Some(l) = local {

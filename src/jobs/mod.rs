@@ -254,6 +254,68 @@ impl CommonArgs {
         })
     }
 
+    /// Refuses, before anything runs, an output file whose folder is missing or
+    /// that names a folder.
+    pub fn check_outputs(&self) -> Result<(), run::CliError> {
+        use run::CliError;
+        let c = self;
+        let files = [
+            ("--save-state", &c.save_state),
+            ("--trace", &c.trace),
+            ("--report-json", &c.report_json),
+            ("--report-html", &c.report_html),
+        ];
+        for (flag, path) in files {
+            let Some(path) = path else { continue };
+            if path.is_dir() {
+                return Err(CliError::Usage(format!(
+                    "{flag} {}: is a folder; name a file",
+                    path.display()
+                )));
+            }
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if let Some(parent) = parent {
+                if !parent.is_dir() {
+                    return Err(CliError::Usage(format!(
+                        "{flag} {}: folder {} does not exist",
+                        path.display(),
+                        parent.display()
+                    )));
+                }
+                if !writable(parent) {
+                    return Err(CliError::Usage(format!(
+                        "{flag} {}: folder {} is not writable",
+                        path.display(),
+                        parent.display()
+                    )));
+                }
+            }
+        }
+        if let Some(dir) = &c.dump {
+            if dir.exists() && !dir.is_dir() {
+                return Err(CliError::Usage(format!(
+                    "--dump {}: exists and is not a folder",
+                    dir.display()
+                )));
+            }
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for e in entries.flatten() {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    let file = e.file_type().is_ok_and(|t| t.is_file());
+                    if file && (name == "index.json" || name.ends_with(".npy")) {
+                        return Err(CliError::Usage(format!(
+                            "--dump {}: already holds batches ({name}); name a new or empty folder \
+                             so that old and new batches are not mixed",
+                            dir.display()
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The shard from the flags, falling back to the environment.
     pub fn shard(&self) -> Result<ferrofeed_core::Shard, run::CliError> {
         let env =
@@ -265,6 +327,16 @@ impl CommonArgs {
         .map(|s| s.padded(self.pad_shards))
         .map_err(|e| run::CliError::Usage(format!("--rank/--world-size: {e}")))
     }
+}
+
+/// Whether this process may create files in `dir`.
+fn writable(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path for the call's length.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
 pub use report::{EpochEntry, Report};

@@ -35,6 +35,15 @@ pub enum CliError {
         /// The error.
         source: std::io::Error,
     },
+    /// Every sample the run read failed and was skipped: nothing was
+    /// delivered (a typo in a field name, the wrong folder).
+    #[error("every sample failed: {skipped} skipped and none delivered; the first: {first}")]
+    NothingDelivered {
+        /// How many were skipped.
+        skipped: usize,
+        /// The first failure, with its sample and stage.
+        first: String,
+    },
     /// SIGINT or SIGTERM stopped the run (state and report were written).
     #[error("{message}")]
     Interrupted {
@@ -248,6 +257,15 @@ impl Job {
         self.remote = Some(remote);
     }
 
+    /// Names the dataset in the states this job saves by a digest of
+    /// `parts` (its samples' paths and labels, its files…), so that a
+    /// state saved on another dataset of the same length is refused.
+    pub fn identify<T: std::hash::Hash + ?Sized>(&self, parts: &T) {
+        let key = ferrofeed_stages::cache_key(0x6964_6e74, parts);
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        self.pipeline.set_dataset_id(hex);
+    }
+
     /// `path` as the user should see it (see [`Job::show_path`]).
     pub fn show(&self, path: &str) -> String {
         match &self.show_path {
@@ -379,6 +397,7 @@ pub struct RunFigures {
 pub fn run(job: &Job) -> Result<(), CliError> {
     let c = &job.common;
     let p = &job.pipeline;
+    c.check_outputs()?;
     if let Some(dir) = &c.dump {
         std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
         if job.index_of_batch.is_none() {
@@ -412,9 +431,8 @@ pub fn run(job: &Job) -> Result<(), CliError> {
 
     let resume = match &c.resume {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(CliError::io(path))?;
-            let state = ferrofeed_core::PipelineState::from_json(&text)
-                .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+            let state = ferrofeed_core::PipelineState::read(path)
+                .map_err(|e| CliError::Usage(format!("--resume: {e}")))?;
             Some(state)
         }
         None => None,
@@ -432,6 +450,9 @@ pub fn run(job: &Job) -> Result<(), CliError> {
         .clone()
         .unwrap_or_else(|| p.epoch_state_start(first_epoch));
     'epochs: for e in first_epoch..c.epochs {
+        if c.limit_batches.is_some_and(|l| batches >= l) {
+            break 'epochs;
+        }
         let epoch_start = Instant::now();
         (job.epoch_start)(p, e, e + 1 < c.epochs);
         let mut it = match (&resume, e == first_epoch) {
@@ -511,6 +532,13 @@ pub fn run(job: &Job) -> Result<(), CliError> {
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
+    let nothing_delivered = (samples == 0 && interrupted.is_none())
+        .then(|| skipped.first().cloned())
+        .flatten()
+        .map(|first| CliError::NothingDelivered {
+            skipped: skipped.len(),
+            first: job.shown_error(first).to_string(),
+        });
     let report = job.report(RunFigures {
         samples,
         batches,
@@ -528,6 +556,9 @@ pub fn run(job: &Job) -> Result<(), CliError> {
     if let Some(path) = &c.report_html {
         std::fs::write(path, job.report_page(&report).render()).map_err(CliError::io(path))?;
     }
+    if let Some(e) = nothing_delivered {
+        return Err(e);
+    }
     if let Some(signal) = interrupted {
         let saved = match &c.save_state {
             Some(path) => format!(
@@ -539,10 +570,11 @@ pub fn run(job: &Job) -> Result<(), CliError> {
         return Err(CliError::Interrupted {
             signal,
             message: format!(
-                "interrupted by {} after {batches} batches (epoch {}, position {:?}){saved}",
+                "interrupted by {} after {batches} batches (epoch {}, position [{}, {}]){saved}",
                 signal_name(signal),
                 last_state.epoch,
-                last_state.position
+                last_state.position.major,
+                last_state.position.minor
             ),
         });
     }

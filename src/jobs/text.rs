@@ -135,6 +135,11 @@ pub fn run(a: TextArgs) -> Result<(), CliError> {
 }
 
 /// The text job the flags describe.
+/// The largest `--max-tokens` (tokens in one batch after padding).
+const MAX_TOKENS: usize = 1 << 30;
+/// The largest `--pad-multiple`.
+const MAX_PAD_MULTIPLE: usize = 1 << 16;
+
 pub fn build(a: TextArgs) -> Result<Job, CliError> {
     let c = &a.common;
     let o = &a.text;
@@ -147,10 +152,19 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
     if o.max_tokens == Some(0) {
         return Err(CliError::Usage("--max-tokens must be at least 1".into()));
     }
-    let tok = tokenizer(o)?;
-    if let Some(path) = &c.trace {
-        std::fs::write(path, b"").map_err(CliError::io(path))?;
+    if o.max_tokens.is_some_and(|t| t > MAX_TOKENS) {
+        return Err(CliError::Usage(format!(
+            "--max-tokens must be at most {MAX_TOKENS}"
+        )));
     }
+    if o.pad_multiple > MAX_PAD_MULTIPLE {
+        return Err(CliError::Usage(format!(
+            "--pad-multiple must be at most {MAX_PAD_MULTIPLE}, not {}",
+            o.pad_multiple
+        )));
+    }
+    let tok = tokenizer(o)?;
+    c.check_outputs()?;
     let (corpus, local) = open(&a.path, o, cpus, &c.remote)?;
     let corpus = Arc::new(corpus);
     let t0 = Instant::now();
@@ -192,6 +206,7 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
         "built"
     };
     let truncated = cache.truncated();
+    let corpus_id = cache.corpus_fingerprint();
     let word_hit_rate = cache.word_hit_rate();
     let lengths = cache.lengths();
     let mut b = c.configure(Pipeline::builder(cache), &resources, cpus)?;
@@ -275,6 +290,7 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
         m
     };
     let mut job = Job::new("text", pipeline, a.common.clone(), index, resources);
+    job.identify(&corpus_id);
     job.epoch_end = Box::new(epoch_end);
     job.extra = Box::new(extra);
     if let Some(l) = local {

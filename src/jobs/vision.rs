@@ -497,6 +497,7 @@ pub fn run(a: VisionArgs) -> Result<(), CliError> {
 
 /// The vision job the flags describe.
 pub fn build(a: VisionArgs) -> Result<Job, CliError> {
+    a.common.check_outputs()?;
     let path = match &a.path {
         Some(p) => p.clone(),
         None => default_dataset(a.common.quiet)?,
@@ -540,10 +541,6 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     // consumer; past that a batch waits up to 50 ms for a buffer, then takes
     // ordinary memory.
     let pool = a.vision.pin.pool(c.workers.resolve(cpus), 1)?;
-    // A trace file that cannot be written is an error before the run.
-    if let Some(path) = &c.trace {
-        std::fs::write(path, b"").map_err(CliError::io(path))?;
-    }
     let disk = stage.disk.clone();
     let run_transform = stage.transform;
     let mut b = builder_for(&ds, stage, c.workers)
@@ -600,6 +597,12 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     job.extra = Box::new(extra);
     job.images = Some(Box::new(move || stage_images(&ds_images, strip)));
     attach_remote(&mut job, opened);
+    let listed: Vec<(String, Option<i64>)> = job
+        .shown_index((job.index)()?)
+        .into_iter()
+        .map(|e| (e.path, e.label))
+        .collect();
+    job.identify(&listed);
     Ok(job)
 }
 

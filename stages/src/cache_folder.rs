@@ -39,6 +39,37 @@ pub fn cache_key<T: Hash + ?Sized>(domain: u64, parts: &T) -> [u8; 16] {
     h.digest128().to_le_bytes()
 }
 
+/// XXH3-128 of a file's bytes, read in 1 MiB blocks: what a cache keyed by
+/// a file puts beside its path, size and modification time, so that a file
+/// rewritten at the same size with its time restored (`touch -r`, rsync,
+/// an unpacked archive) is a miss rather than stale features. It reads the
+/// file once at the page cache's pace — far less than decoding it.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let p = dir.path().join("a.wav");
+/// std::fs::write(&p, b"RIFF one").unwrap();
+/// let a = ferrofeed_stages::content_digest(&p).unwrap();
+/// std::fs::write(&p, b"RIFF two").unwrap();
+/// assert_ne!(a, ferrofeed_stages::content_digest(&p).unwrap());
+/// ```
+pub fn content_digest(path: &Path) -> std::io::Result<u128> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        h.update(&buf[..n]);
+    }
+    Ok(h.digest128())
+}
+
 /// An entry found by a scan: its path, bytes and last use.
 pub type CacheEntry = (PathBuf, u64, SystemTime);
 

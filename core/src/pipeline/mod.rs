@@ -61,6 +61,10 @@ pub struct Pipeline {
     pub(crate) last_run: Mutex<Option<Arc<EpochRun>>>,
     pub(crate) poisoned: Mutex<Option<String>>,
     pub(crate) last_summary: Mutex<Option<EpochSummary>>,
+    /// The last `(epoch, plan digest)` a state was made for (map-style).
+    pub(crate) plan_digest: Mutex<Option<(u64, Option<String>)>>,
+    /// What the front end says of its dataset's identity, saved in states.
+    pub(crate) dataset_id: Mutex<Option<String>>,
     /// Dropping it stops the monitor thread (timeline, autotune).
     pub(crate) monitor_stop: Option<flume::Sender<()>>,
 }
@@ -112,6 +116,8 @@ impl Pipeline {
             last_run: Mutex::new(None),
             poisoned: Mutex::new(None),
             last_summary: Mutex::new(None),
+            plan_digest: Mutex::new(None),
+            dataset_id: Mutex::new(None),
             monitor_stop,
         })
     }
@@ -232,6 +238,30 @@ impl Pipeline {
                 "field `carry` is for iterable sources; this one is map-style".into(),
             ));
         }
+        let past = |end: String| crate::state::ResumeError::PastEnd {
+            epoch: state.epoch,
+            position: format!("[{}, {}]", state.position.major, state.position.minor),
+            end,
+        };
+        match &self.shared.source {
+            ErasedSource::Map { .. } => {
+                let batches = self
+                    .plan(state.epoch)
+                    .and_then(Result::ok)
+                    .map_or(0, |p| p.num_batches() as u64);
+                if state.position.major > batches || state.position.minor != 0 {
+                    return Err(past(format!("{batches} batches")));
+                }
+            }
+            ErasedSource::Iter { .. } => {
+                let shards = self.shard_order(state.epoch).map_or(0, |o| o.len()) as u64;
+                let per = self.shared.cfg.shuffling.interleave.max(1) as u64;
+                let groups = shards.div_ceil(per);
+                if state.position.major > groups {
+                    return Err(past(format!("{groups} shard groups")));
+                }
+            }
+        }
         Ok(self.epoch_at(state.epoch, state.position.into(), &state.carry))
     }
 
@@ -247,18 +277,53 @@ impl Pipeline {
             ErasedSource::Map { len, .. } => (Some(*len), None),
             ErasedSource::Iter { shards, .. } => (None, Some(*shards as u64)),
         };
+        let cfg = &self.shared.cfg;
+        let iterable = dataset_shards.is_some();
         crate::state::PipelineState {
             format: crate::PipelineState::FORMAT.to_string(),
-            seed: self.shared.cfg.shuffling.seed,
+            seed: cfg.shuffling.seed,
             epoch,
             position,
             dataset_len,
             dataset_shards,
-            rank: self.shared.cfg.shard.rank,
-            world_size: self.shared.cfg.shard.world_size,
-            pad: self.shared.cfg.shard.pad,
+            rank: cfg.shard.rank,
+            world_size: cfg.shard.world_size,
+            pad: cfg.shard.pad,
             carry: Vec::new(),
+            batch_size: Some(cfg.batching.size as u64),
+            shuffle: Some(cfg.shuffling.shuffle),
+            drop_last: Some(cfg.batching.drop_last),
+            shuffle_buffer: iterable.then_some(cfg.shuffling.shuffle_buffer as u64),
+            interleave: iterable.then_some(cfg.shuffling.interleave.max(1) as u64),
+            plan: if iterable {
+                None
+            } else {
+                self.plan_digest(epoch)
+            },
+            dataset: self.dataset_id.lock_unpoisoned().clone(),
         }
+    }
+
+    /// [`EpochPlan::digest`] of `epoch`'s plan, kept for the last epoch
+    /// asked (states are taken after every batch).
+    fn plan_digest(&self, epoch: u64) -> Option<String> {
+        let mut cached = self.plan_digest.lock_unpoisoned();
+        if let Some((e, d)) = &*cached {
+            if *e == epoch {
+                return d.clone();
+            }
+        }
+        let d = self.plan(epoch).and_then(Result::ok).map(|p| p.digest());
+        *cached = Some((epoch, d.clone()));
+        d
+    }
+
+    /// Names this pipeline's dataset in the states it saves (e.g. a digest
+    /// of its paths and sizes, made by the front end): [`resume`](Self::resume)
+    /// refuses a state whose dataset differs. Without it (or in a state
+    /// saved without it) only the length is compared.
+    pub fn set_dataset_id(&self, id: impl Into<String>) {
+        *self.dataset_id.lock_unpoisoned() = Some(id.into());
     }
 
     /// Number of batches epoch `epoch` will hold before any skip: for

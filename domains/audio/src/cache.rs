@@ -1,6 +1,7 @@
 //! A feature cache on disk: each file's chunk features, keyed by the file
-//! (path, size, modification time) and every setting that shapes them, so
-//! later epochs and later runs read features instead of decoding.
+//! (path, size, modification time and an XXH3 hash of its bytes) and every
+//! setting that shapes them, so later epochs and later runs read features
+//! instead of decoding, and a file rewritten in place is never served stale.
 //!
 //! - One entry per audio file, written as the features are computed (never
 //!   held whole in memory) to a temporary file that is renamed into place
@@ -48,6 +49,9 @@ const TRAILER: usize = 4 + 8 + 4 + 4;
 #[derive(Debug)]
 pub struct FeatureCache {
     folder: CacheFolder,
+    /// Each file's content hash, by (path, size, mtime): hashed once per
+    /// process, not once per segment or epoch.
+    digests: std::sync::Mutex<std::collections::HashMap<(PathBuf, u64, u128), u128>>,
 }
 
 impl FeatureCache {
@@ -55,6 +59,7 @@ impl FeatureCache {
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Arc<FeatureCache>, std::io::Error> {
         Ok(Arc::new(FeatureCache {
             folder: CacheFolder::open(dir, "ffac", max_bytes)?,
+            digests: std::sync::Mutex::default(),
         }))
     }
 
@@ -67,7 +72,8 @@ impl FeatureCache {
 
     /// The key of `path`'s features under `settings`; `None` when the file
     /// cannot be read (the decode then reports it).
-    fn key(path: &Path, settings: &str) -> Option<[u8; 16]> {
+    fn key(&self, path: &Path, settings: &str) -> Option<[u8; 16]> {
+        use ferrofeed_core::sync::LockExt;
         let meta = std::fs::metadata(path).ok()?;
         let mtime = meta
             .modified()
@@ -76,9 +82,22 @@ impl FeatureCache {
             .ok()?
             .as_nanos();
         let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        // The bytes too: a file rewritten with its size and time kept is
+        // another entry.
+        let id = (canon, meta.len(), mtime);
+        let known = self.digests.lock_unpoisoned().get(&id).copied();
+        let content = match known {
+            Some(d) => d,
+            None => {
+                let d = ferrofeed_stages::content_digest(path).ok()?;
+                self.digests.lock_unpoisoned().insert(id.clone(), d);
+                d
+            }
+        };
+        let (canon, len, mtime) = id;
         Some(cache_key(
             0x6666_6163,
-            &(&canon, meta.len(), mtime, settings, VERSION),
+            &(&canon, len, mtime, content, settings, VERSION),
         ))
     }
 
@@ -343,7 +362,7 @@ impl IterableSource for CachedFeatures {
             // A segment is an entry of its own.
             settings.push_str(&format!(" chunks {}+{:?}", seg.first, seg.count));
         }
-        let key = FeatureCache::key(&path, &settings);
+        let key = self.cache.key(&path, &settings);
         let cache = Arc::clone(&self.cache);
         if let Some(e) = key.as_ref().and_then(|k| cache.read(k)) {
             cache.folder.hit(e.map.len() as u64);

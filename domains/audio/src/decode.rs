@@ -284,6 +284,23 @@ impl Decoded {
         self.skip_to = frame;
     }
 
+    /// The end of the stream: an error naming the file when a WAV or FLAC
+    /// header announced more samples than the file holds (cut short, or a
+    /// header that lies), else the end.
+    fn end(&mut self) -> Result<Option<Vec<Vec<f32>>>, AudioError> {
+        self.ended = true;
+        match self.frames {
+            Some(n) if self.seeks_exactly() && self.position < n => Err(AudioError::Decode {
+                path: self.path.clone(),
+                message: format!(
+                    "truncated: the header announces {n} samples per channel, the file ends after {}",
+                    self.position
+                ),
+            }),
+            _ => Ok(None),
+        }
+    }
+
     fn decoder_in_use(&self) -> bool {
         self.pcm.is_none()
     }
@@ -310,10 +327,9 @@ impl Decoded {
         loop {
             let packet = match self.format.next_packet() {
                 Ok(Some(p)) => p,
-                Ok(None) => return Ok(None),
-                // A stream cut short ends where it is cut: what decoded is kept.
+                Ok(None) => return self.end(),
                 Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Ok(None)
+                    return self.end()
                 }
                 Err(e) => return Err(err(format!("after {} samples: {e}", self.position))),
             };

@@ -183,8 +183,17 @@ impl std::fmt::Debug for FeatureExtractor {
     }
 }
 
+/// The largest `n_fft` (and window) accepted.
+pub const MAX_N_FFT: usize = 1 << 16;
+/// The largest hop accepted.
+pub const MAX_HOP: usize = 1 << 20;
+/// The most mel bands accepted.
+pub const MAX_N_MELS: usize = 4096;
+
 impl FeatureExtractor {
-    /// Plans the FFT and builds the filterbank.
+    /// Plans the FFT and builds the filterbank. Every size is bounded
+    /// ([`MAX_N_FFT`], [`MAX_HOP`], [`MAX_N_MELS`], [`MAX_SAMPLE_RATE`](crate::MAX_SAMPLE_RATE)) and
+    /// refused by name before anything is allocated.
     pub fn new(cfg: FeatureConfig) -> Result<Self, AudioError> {
         let bad = |m: String| Err(AudioError::Config(m));
         if cfg.n_fft < 2 || !cfg.n_fft.is_multiple_of(2) {
@@ -193,14 +202,24 @@ impl FeatureExtractor {
                 cfg.n_fft
             ));
         }
-        if cfg.hop == 0 {
-            return bad("hop must be at least 1".into());
+        if cfg.n_fft > MAX_N_FFT {
+            return bad(format!("n_fft {} is more than {MAX_N_FFT}", cfg.n_fft));
         }
-        if cfg.n_mels == 0 {
-            return bad("n_mels must be at least 1".into());
+        if cfg.hop == 0 || cfg.hop > MAX_HOP {
+            return bad(format!("hop must be 1 to {MAX_HOP}, not {}", cfg.hop));
         }
-        if cfg.sample_rate == 0 {
-            return bad("sample rate must be at least 1 Hz".into());
+        if cfg.n_mels == 0 || cfg.n_mels > MAX_N_MELS {
+            return bad(format!(
+                "n_mels must be 1 to {MAX_N_MELS}, not {}",
+                cfg.n_mels
+            ));
+        }
+        use crate::MAX_SAMPLE_RATE;
+        if cfg.sample_rate == 0 || cfg.sample_rate > MAX_SAMPLE_RATE {
+            return bad(format!(
+                "sample rate must be 1 to {MAX_SAMPLE_RATE} Hz, not {}",
+                cfg.sample_rate
+            ));
         }
         let fmax = cfg.fmax.unwrap_or(f64::from(cfg.sample_rate) / 2.0);
         if !(cfg.fmin >= 0.0 && cfg.fmin < fmax) {

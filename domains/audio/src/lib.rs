@@ -37,14 +37,14 @@ pub use cache::{CachedFeatures, FeatureCache};
 pub use decode::{DecodeOptions, Decoded, NonFinite, MAX_SAMPLE_RATE};
 pub use features::{
     db, hz_to_mel, mel_filterbank, mel_to_hz, FeatureConfig, FeatureExtractor, FeatureKind,
-    Features,
+    Features, MAX_HOP, MAX_N_FFT, MAX_N_MELS,
 };
 pub use files::{AudioFiles, Segment, AUDIO_EXTENSIONS};
-pub use resample::StreamResampler;
+pub use resample::{StreamResampler, MAX_RESAMPLE_RATIO};
 pub use stage::{ChunkFeatures, FeatureCollate, FeatureStage};
 pub use stream::{
     AudioChunk, ChunkSpec, ChunkStream, Chunker, StreamOptions, DEFAULT_SEGMENT_SECONDS,
-    SEGMENT_MIN_BYTES,
+    MAX_CHUNK_SAMPLES, SEGMENT_MIN_BYTES,
 };
 
 use std::path::PathBuf;

@@ -41,13 +41,26 @@ pub struct StreamResampler {
     n_out: u64,
 }
 
+/// How far apart (either way) a file's rate and the target may be.
+pub const MAX_RESAMPLE_RATIO: u64 = 64;
+
 /// Input chunk and sub-chunks the resampler is built with.
 const RESAMPLE_CHUNK: usize = 8192;
 const RESAMPLE_SUB_CHUNKS: usize = 8;
 
 impl StreamResampler {
-    /// From `rate_in` to `rate_out` Hz.
+    /// From `rate_in` to `rate_out` Hz. Rates more than
+    /// [`MAX_RESAMPLE_RATIO`] apart are refused: a header claiming 1 Hz
+    /// would make each input block 16,000× larger (gigabytes from a 2 KB
+    /// file).
     pub fn new(rate_in: u32, rate_out: u32) -> Result<Self, AudioError> {
+        let (lo, hi) = (rate_in.min(rate_out), rate_in.max(rate_out));
+        if lo == 0 || u64::from(hi) > u64::from(lo) * MAX_RESAMPLE_RATIO {
+            return Err(AudioError::Config(format!(
+                "sample rate {rate_in} Hz is more than {MAX_RESAMPLE_RATIO}× from the target \
+                 {rate_out} Hz: refusing to resample it (a damaged header?)"
+            )));
+        }
         let r = FftFixedIn::<f32>::new(
             rate_in as usize,
             rate_out as usize,

@@ -77,14 +77,18 @@ pub struct ChunkSpec {
     pub overlap: usize,
 }
 
+/// The most samples one chunk may hold (64 Mi: 70 minutes at 16 kHz, 256 MiB
+/// of `f32`).
+pub const MAX_CHUNK_SAMPLES: usize = 1 << 26;
+
 impl ChunkSpec {
-    /// From seconds at `rate`.
+    /// From seconds at `rate` (at most [`MAX_CHUNK_SAMPLES`] per chunk).
     pub fn from_seconds(chunk: f64, overlap: f64, rate: u32) -> Result<Self, AudioError> {
         let c = (chunk * f64::from(rate)).round();
         let o = (overlap * f64::from(rate)).round();
-        if !(1.0..1e10).contains(&c) {
+        if !(1.0..=MAX_CHUNK_SAMPLES as f64).contains(&c) {
             return Err(AudioError::Config(format!(
-                "--chunk-seconds {chunk} gives no whole sample at {rate} Hz"
+                "--chunk-seconds {chunk} at {rate} Hz must make 1 to {MAX_CHUNK_SAMPLES} samples per chunk"
             )));
         }
         if !(o >= 0.0 && o < c) {

@@ -44,7 +44,7 @@ use crate::tokenize::{TextTokenizer, TokenStats, Tokenize, Tokens};
 use crate::TextError;
 
 /// Bumped when the file layout changes.
-const FORMAT: u64 = 1;
+const FORMAT: u64 = 2;
 
 /// How the cache is built.
 #[derive(Debug, Clone)]
@@ -85,6 +85,7 @@ pub struct TokenCache {
     loaded: bool,
     truncated: u64,
     word_hit_rate: Option<f64>,
+    corpus_id: u64,
 }
 
 impl TokenCache {
@@ -95,15 +96,17 @@ impl TokenCache {
         tokenizer: &TextTokenizer,
         opts: &CacheOptions,
     ) -> Result<TokenCache, TextError> {
+        let corpus_id = corpus.fingerprint();
         let key = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (FORMAT, corpus.fingerprint(), tokenizer.fingerprint()).hash(&mut h);
+            (FORMAT, corpus_id, tokenizer.fingerprint()).hash(&mut h);
             h.finish()
         };
         let files = opts.dir.as_ref().map(|d| CacheFiles::new(d, key));
         if let Some(f) = &files {
-            if let Some(c) = f.load(corpus)? {
+            if let Some(mut c) = f.load(corpus)? {
+                c.corpus_id = corpus_id;
                 return Ok(c);
             }
         }
@@ -114,6 +117,7 @@ impl TokenCache {
                 match f.load(corpus)? {
                     Some(mut c) => {
                         c.loaded = false;
+                        c.corpus_id = corpus_id;
                         c.truncated = built.truncated;
                         c.word_hit_rate = built.word_hit_rate;
                         Ok(c)
@@ -132,8 +136,15 @@ impl TokenCache {
                 loaded: false,
                 truncated: built.truncated,
                 word_hit_rate: built.word_hit_rate,
+                corpus_id,
             }),
         }
+    }
+
+    /// [`TextCorpus::fingerprint`] of the corpus: its files' paths, sizes,
+    /// times and bytes, and the reading options.
+    pub fn corpus_fingerprint(&self) -> u64 {
+        self.corpus_id
     }
 
     /// Whether the ids came from existing files (no tokenization ran).
@@ -141,7 +152,8 @@ impl TokenCache {
         self.loaded
     }
 
-    /// Samples cut to `max_length` while building (0 when loaded).
+    /// Samples cut to `max_length` (counted while building, and kept in
+    /// the cache's files for the runs it serves).
     pub fn truncated(&self) -> u64 {
         self.truncated
     }
@@ -295,6 +307,15 @@ fn tokenize_all(
     })
 }
 
+/// What a cache keeps beside the ids: the samples that failed, and how
+/// many were truncated (so a run served from the cache reports as the run
+/// that built it).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Meta {
+    failed: HashMap<u64, String>,
+    truncated: u64,
+}
+
 struct CacheFiles {
     ids: PathBuf,
     offsets: PathBuf,
@@ -308,7 +329,7 @@ impl CacheFiles {
         CacheFiles {
             ids: with("ids"),
             offsets: with("offsets"),
-            failed: with("failed.json"),
+            failed: with("meta.json"),
         }
     }
 
@@ -346,18 +367,22 @@ impl CacheFiles {
             // into place; it is never written again.
             Ids::Mapped(unsafe { Mmap::map(&f) }.map_err(Self::io(&self.ids))?)
         };
-        let failed: HashMap<u64, String> = match std::fs::read(&self.failed) {
-            Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
-            Err(_) => HashMap::new(),
+        // Written before the offsets: a complete cache has it.
+        let Some(meta) = std::fs::read(&self.failed)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Meta>(&b).ok())
+        else {
+            return Ok(None);
         };
         Ok(Some(TokenCache {
             corpus: Arc::clone(corpus),
             ids,
             offsets,
-            failed,
+            failed: meta.failed,
             loaded: true,
-            truncated: 0,
+            truncated: meta.truncated,
             word_hit_rate: None,
+            corpus_id: 0,
         }))
     }
 
@@ -376,7 +401,11 @@ impl CacheFiles {
         put(&self.ids, &mut |w| {
             b.ids.iter().try_for_each(|i| w.write_all(&i.to_le_bytes()))
         })?;
-        let failed = serde_json::to_vec(&b.failed).map_err(|e| TextError::Build(e.to_string()))?;
+        let meta = Meta {
+            failed: b.failed.clone(),
+            truncated: b.truncated,
+        };
+        let failed = serde_json::to_vec(&meta).map_err(|e| TextError::Build(e.to_string()))?;
         put(&self.failed, &mut |w| w.write_all(&failed))?;
         put(&self.offsets, &mut |w| {
             b.offsets

@@ -385,14 +385,18 @@ impl TextCorpus {
         self.files.iter().map(|f| f.size).sum()
     }
 
-    /// A hash of what the samples are: each file's path, size and
-    /// modification time, and the reading options. Keys the token cache.
+    /// A hash of what the samples are: each file's path, size,
+    /// modification time and bytes, and the reading options. Keys the
+    /// token cache.
     pub fn fingerprint(&self) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for f in &self.files {
             f.path.hash(&mut h);
             f.size.hash(&mut h);
             f.mtime.hash(&mut h);
+            // The bytes too (XXH3, tens of GB/s over the map): a file
+            // rewritten with its size and time kept is another corpus.
+            xxhash_rust::xxh3::xxh3_128(f.data()).hash(&mut h);
         }
         self.options.field.hash(&mut h);
         self.options.utf8.hash(&mut h);

@@ -48,7 +48,8 @@ pub use corpus::{
     Utf8Policy, TEXT_EXTENSIONS,
 };
 pub use tokenize::{
-    TextTokenizer, TokenStats, Tokenize, Tokens, EMBEDDED_TOKENIZER, WORD_CACHE_BYTES,
+    TextTokenizer, TokenStats, Tokenize, Tokens, EMBEDDED_TOKENIZER, MAX_LENGTH,
+    MAX_TOKENIZER_BYTES, WORD_CACHE_BYTES,
 };
 
 use std::path::PathBuf;

@@ -263,12 +263,23 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
+/// The longest sequence a tokenizer truncates to (`max_length`, also the
+/// packed row length): 1 Mi tokens.
+pub const MAX_LENGTH: usize = 1 << 20;
+
+/// The largest `tokenizer.json` [`TextTokenizer::from_file`] reads (the
+/// largest published ones are tens of MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
+
 impl TextTokenizer {
-    /// Loads a `tokenizer.json`.
+    /// Loads a `tokenizer.json` (a regular file of at most
+    /// [`MAX_TOKENIZER_BYTES`]: a device or FIFO is refused unread).
     pub fn from_file(path: &Path, max_length: usize) -> Result<Self, TextError> {
-        let bytes = std::fs::read(path).map_err(|e| TextError::Tokenizer {
-            path: path.display().to_string(),
-            message: e.to_string(),
+        let bytes = ferrofeed_core::read_settings_file(path, MAX_TOKENIZER_BYTES).map_err(|e| {
+            TextError::Tokenizer {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            }
         })?;
         Self::from_bytes(&bytes, max_length, &path.display().to_string())
     }
@@ -284,10 +295,24 @@ impl TextTokenizer {
             path: name.to_string(),
             message,
         };
-        if max_length == 0 {
-            return Err(err("max_length must be at least 1".into()));
+        if max_length == 0 || max_length > MAX_LENGTH {
+            return Err(err(format!(
+                "max_length must be 1 to {MAX_LENGTH}, not {max_length}"
+            )));
         }
         let mut tok = Tokenizer::from_bytes(json).map_err(|e| err(e.to_string()))?;
+        // The length includes the special tokens (as HF truncation): a
+        // length they alone exceed cannot be met.
+        let special = tok
+            .get_post_processor()
+            .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false));
+        if max_length < special {
+            return Err(err(format!(
+                "max_length {max_length} is shorter than the {special} special tokens this \
+                 tokenizer adds to every sequence (the length includes them): use at least {}",
+                special + 1
+            )));
+        }
         tok.with_padding(None);
         tok.with_truncation(Some(TruncationParams {
             max_length,

@@ -174,12 +174,88 @@ pub fn jpeg_sized(
     encode_jpeg(&Image::new(width, height, data)?, quality)
 }
 
+/// The file [`write_dataset`] leaves in every folder it writes. A folder
+/// holding it (and nothing but the layout written beside it) may be written
+/// again; any other non-empty folder is refused.
+pub const MARKER: &str = ".ferrofeed-synth";
+
 /// Writes `count` JPEGs (q90) into `dir/<class>/img_<index>.jpg` (e.g.
 /// `class_03/img_000013.jpg`), spread over
-/// `threads` threads. The folder is written under a temporary name and
-/// renamed at the end, so an interrupted run leaves no half dataset.
+/// `threads` threads. The images are written under a temporary name and
+/// moved in at the end, so an interrupted run leaves no half dataset.
+///
+/// `dir` may be missing, empty, or a dataset this function wrote (marked by
+/// [`MARKER`]), which is replaced: only its own files are removed. Any other
+/// folder is refused with [`std::io::ErrorKind::AlreadyExists`] before
+/// anything is written, so a user's files are never touched.
 pub fn write_dataset(dir: &Path, count: u64, seed: u64, threads: usize) -> std::io::Result<()> {
     write_dataset_sized(dir, count, seed, threads, None)
+}
+
+/// What `dir` holds before [`write_dataset`] writes it.
+enum Target {
+    Missing,
+    /// Empty, or a dataset written before (its files listed, to remove).
+    Reusable(Vec<std::path::PathBuf>),
+}
+
+fn is_image_name(name: &str) -> bool {
+    name.strip_prefix("img_")
+        .and_then(|n| n.strip_suffix(".jpg"))
+        .is_some_and(|n| n.len() >= 6 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether `dir` may be written, and which of its files are ours.
+fn target(dir: &Path) -> std::io::Result<Target> {
+    use std::io::{Error, ErrorKind};
+    let meta = match std::fs::metadata(dir) {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Target::Missing),
+        other => other?,
+    };
+    if !meta.is_dir() {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            "exists and is not a folder",
+        ));
+    }
+    let foreign = |what: &Path| {
+        Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "is not empty and is not a dataset written by make-dataset ({} is not one of its files); \
+                 refusing to write into it: name a new or empty folder",
+                what.display()
+            ),
+        )
+    };
+    let mut ours = Vec::new();
+    let mut marked = false;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let kind = entry.file_type()?;
+        match name.to_str() {
+            Some(MARKER) if kind.is_file() => marked = true,
+            Some(n) if kind.is_dir() && (0..CLASSES).any(|c| class_name(c) == n) => {
+                for f in std::fs::read_dir(&path)? {
+                    let f = f?;
+                    let ok = f.file_type()?.is_file()
+                        && f.file_name().to_str().is_some_and(is_image_name);
+                    if !ok {
+                        return Err(foreign(&f.path()));
+                    }
+                    ours.push(f.path());
+                }
+            }
+            _ => return Err(foreign(&path)),
+        }
+        ours.push(path);
+    }
+    if !ours.is_empty() && !marked {
+        return Err(foreign(&dir.join(MARKER)));
+    }
+    Ok(Target::Reusable(ours))
 }
 
 /// [`write_dataset`] with every image resampled to `size` (width, height).
@@ -190,7 +266,16 @@ pub fn write_dataset_sized(
     threads: usize,
     size: Option<(u32, u32)>,
 ) -> std::io::Result<()> {
-    let parent = dir.parent().unwrap_or(Path::new("."));
+    let existing = target(dir)?;
+    // `.` or `..` have no usable parent or name: work from the real path.
+    let dir = match existing {
+        Target::Missing => dir.to_path_buf(),
+        Target::Reusable(_) => std::fs::canonicalize(dir)?,
+    };
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)?;
     let tmp = parent.join(format!(
         ".{}.tmp-{}",
@@ -199,12 +284,14 @@ pub fn write_dataset_sized(
             .unwrap_or("dataset"),
         std::process::id()
     ));
+    // Only a folder of this name and process can be a leftover of ours.
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)?;
     }
     for c in 0..CLASSES {
         std::fs::create_dir_all(tmp.join(class_name(c)))?;
     }
+    std::fs::write(tmp.join(MARKER), b"written by ferrofeed make-dataset\n")?;
     let threads = threads.max(1) as u64;
     std::thread::scope(|s| -> std::io::Result<()> {
         let handles: Vec<_> = (0..threads)
@@ -234,8 +321,22 @@ pub fn write_dataset_sized(
         }
         Ok(())
     })?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
+    match existing {
+        Target::Missing => std::fs::rename(&tmp, &dir),
+        Target::Reusable(ours) => {
+            // Files first, then the (now empty) class folders; the marker
+            // goes in first, so an interrupted move is still ours.
+            for p in ours.iter().filter(|p| !p.is_dir()) {
+                std::fs::remove_file(p)?;
+            }
+            for p in ours.iter().filter(|p| p.is_dir()) {
+                std::fs::remove_dir(p)?;
+            }
+            std::fs::rename(tmp.join(MARKER), dir.join(MARKER))?;
+            for c in 0..CLASSES {
+                std::fs::rename(tmp.join(class_name(c)), dir.join(class_name(c)))?;
+            }
+            std::fs::remove_dir(&tmp)
+        }
     }
-    std::fs::rename(&tmp, dir)
 }

@@ -32,6 +32,10 @@ pub enum ScanError {
         /// Accepted extensions.
         exts: String,
     },
+    /// A class folder's name is not valid UTF-8: leaving it out would shift
+    /// every later label against torchvision's `ImageFolder`.
+    #[error("{}: class folder name is not valid UTF-8; rename it (every label follows the sorted class names)", .0.display())]
+    NonUtf8Class(PathBuf),
     /// Listing failed (permissions, a symlink loop…).
     #[error("{path}: {message}")]
     Walk {
@@ -96,10 +100,10 @@ impl ImageFolder {
             })?;
             let path = e.path();
             if path.is_dir() {
-                if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                    if !name.starts_with('.') {
-                        classes.push(name.to_string());
-                    }
+                match e.file_name().to_str() {
+                    Some(name) if name.starts_with('.') => {}
+                    Some(name) => classes.push(name.to_string()),
+                    None => return Err(ScanError::NonUtf8Class(path)),
                 }
             }
         }

@@ -144,9 +144,20 @@ fn parse(stream: Box<dyn Read + Send>, name: &str, exts: &[String], tx: &SyncSen
         key: String,
         data: Option<Vec<u8>>,
         cls: Option<Vec<u8>>,
+        exts: Vec<String>,
+        /// A member of this key and extension came before in the shard.
+        repeated: Option<String>,
     }
     let emit = |o: Open| -> bool {
         let full = format!("{name}#{}", o.key);
+        if let Some(member) = o.repeated {
+            let e = format!(
+                "key `{}` appears twice in shard {name} (member `{member}` again): \
+                 the samples sharing it cannot be told apart",
+                o.key
+            );
+            return tx.send((full, Err(e))).is_ok();
+        }
         let r = match (o.data, o.cls) {
             (None, _) => Err(format!(
                 "sample `{}` has no data member (.{})",
@@ -167,6 +178,7 @@ fn parse(stream: Box<dyn Read + Send>, name: &str, exts: &[String], tx: &SyncSen
         Err(e) => return fail(e.to_string()),
     };
     let mut open: Option<Open> = None;
+    let mut done_keys: std::collections::HashSet<String> = Default::default();
     for entry in entries {
         let mut entry = match entry {
             Ok(e) => e,
@@ -183,20 +195,29 @@ fn parse(stream: Box<dyn Read + Send>, name: &str, exts: &[String], tx: &SyncSen
         let ext = ext.to_ascii_lowercase();
         if open.as_ref().is_some_and(|o| o.key != key) {
             if let Some(o) = open.take() {
+                done_keys.insert(o.key.clone());
                 if !emit(o) {
                     return;
                 }
             }
         }
+        let again = done_keys.contains(&key);
         let o = open.get_or_insert(Open {
             key,
             data: None,
             cls: None,
+            exts: Vec::new(),
+            repeated: None,
         });
+        if (again || o.exts.contains(&ext)) && o.repeated.is_none() {
+            o.repeated = Some(raw.clone());
+        }
+        o.exts.push(ext.clone());
         let wanted =
             ext == "cls" || (o.data.is_none() && exts.iter().any(|d| d.eq_ignore_ascii_case(&ext)));
         if wanted {
-            let mut buf = Vec::with_capacity(entry.size() as usize);
+            // The header's size is a claim: reserve at most 64 MiB ahead.
+            let mut buf = Vec::with_capacity(entry.size().min(64 << 20) as usize);
             if let Err(e) = entry.read_to_end(&mut buf) {
                 return fail(e.to_string());
             }

@@ -59,6 +59,9 @@ struct TarSample {
     key: String,
     data: Option<Range<usize>>,
     label: Option<Range<usize>>,
+    /// A member whose key and extension came before in the shard: two
+    /// samples share the key, and neither may be silently kept.
+    repeated: Option<String>,
 }
 
 /// The label in sample `key`'s `.cls` member: an integer, as text.
@@ -120,6 +123,7 @@ impl TarShards {
             // SAFETY: read-only map of a file we do not modify.
             let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?);
             let mut by_key: HashMap<String, usize> = HashMap::new();
+            let mut seen: std::collections::HashSet<(usize, String)> = Default::default();
             let mut archive = tar::Archive::new(Cursor::new(&map[..]));
             let entries = archive.entries_with_seek().map_err(io)?;
             for entry in entries {
@@ -150,11 +154,15 @@ impl TarShards {
                         key,
                         data: None,
                         label: None,
+                        repeated: None,
                     });
                     samples.len() - 1
                 });
                 let s = &mut samples[slot];
                 let ext_l = ext.to_ascii_lowercase();
+                if !seen.insert((slot, ext_l.clone())) && s.repeated.is_none() {
+                    s.repeated = Some(raw.clone());
+                }
                 if ext_l == "cls" {
                     s.label = Some(start..end);
                 } else if s.data.is_none()
@@ -201,6 +209,14 @@ impl Source for TarShards {
             .samples
             .get(index as usize)
             .ok_or_else(|| format!("index {index} is past the end"))?;
+        if let Some(member) = &s.repeated {
+            return Err(format!(
+                "key `{}` appears twice in shard {} (member `{member}` again): \
+                 the samples sharing it cannot be told apart",
+                s.key, self.names[s.shard as usize]
+            )
+            .into());
+        }
         let map = &self.shards[s.shard as usize].1;
         let data = s.data.clone().ok_or_else(|| {
             format!(
