@@ -1079,3 +1079,187 @@ fn a_state_from_another_dataset_of_the_same_length_is_refused() {
     );
     assert!(err.contains("dataset"), "{err}");
 }
+
+/// A file named as a temporary of a killed process, two minutes old.
+fn stale_temporary(path: &Path) {
+    std::fs::write(path, b"half written").unwrap();
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(120))
+        .unwrap();
+}
+
+#[test]
+fn temporaries_left_by_a_killed_run_are_swept_when_a_cache_opens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let audio = tmp.path().join("audio");
+    std::fs::create_dir(&audio).unwrap();
+    std::fs::write(
+        audio.join("a.wav"),
+        common::wav(16_000, &[0.1; 16_000], false, None),
+    )
+    .unwrap();
+    let features = tmp.path().join("features");
+    std::fs::create_dir_all(&features).unwrap();
+    // No process has this id (above the kernel's pid_max).
+    let stale = features.join(".tmp-4000000000-3-ThreadId(7)");
+    stale_temporary(&stale);
+    // A live process's fresh temporary is left alone.
+    let live = features.join(format!(".tmp-{}-0-ThreadId(1)", std::process::id()));
+    std::fs::write(&live, b"being written").unwrap();
+    ok_in(
+        &cache,
+        &[
+            "audio",
+            s(&audio),
+            "--chunk-seconds",
+            "1",
+            "--feature-cache",
+            s(&features),
+            "--quiet",
+        ],
+    );
+    assert!(!stale.exists(), "the killed run's temporary was swept");
+    assert!(live.exists());
+
+    let tokens = cache.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    let stale = tokens.join("tokens-0123456789abcdef.tmp4000000000");
+    stale_temporary(&stale);
+    let corpus = tmp.path().join("c.txt");
+    std::fs::write(&corpus, "one\ntwo\n").unwrap();
+    ok_in(&cache, &["text", s(&corpus), "--quiet"]);
+    assert!(!stale.exists());
+}
+
+#[test]
+fn dangling_links_loops_and_fifos_are_samples_that_fail_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("data");
+    make_vision(tmp.path(), &data, 6);
+    let class = data.join("class_01");
+    std::os::unix::fs::symlink(tmp.path().join("gone.jpg"), class.join("dangling.jpg")).unwrap();
+    std::os::unix::fs::symlink(class.join("loop_b.jpg"), class.join("loop_a.jpg")).unwrap();
+    std::os::unix::fs::symlink(class.join("loop_a.jpg"), class.join("loop_b.jpg")).unwrap();
+    let fifo = std::ffi::CString::new(s(&class.join("pipe.jpg"))).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink("/dev/zero", class.join("device.jpg")).unwrap();
+    let rep = tmp.path().join("r.json");
+    let args = [
+        "vision",
+        s(&data),
+        "--transform",
+        "eval",
+        "--size",
+        "16",
+        "--on-error",
+        "skip",
+        "--quiet",
+        "--report-json",
+        s(&rep),
+    ];
+    let out = run_bounded(&cache, &args, Duration::from_secs(60)).expect("no read blocks");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&rep);
+    assert_eq!(r["samples"], 6);
+    let mut named: Vec<String> = r["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let p = e["path"].as_str().unwrap();
+            Path::new(p)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    named.sort();
+    assert_eq!(
+        named,
+        [
+            "dangling.jpg",
+            "device.jpg",
+            "loop_a.jpg",
+            "loop_b.jpg",
+            "pipe.jpg"
+        ]
+    );
+}
+
+#[test]
+fn a_truncated_tar_keeps_its_samples_before_the_break_under_skip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("data");
+    make_vision(tmp.path(), &data, 4);
+    let shards = tmp.path().join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    let mut members = Vec::new();
+    let names: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        let jpg = std::fs::read(data.join(format!("class_0{i}/img_00000{i}.jpg"))).unwrap();
+        members.push((format!("{n}.jpg"), jpg));
+        members.push((format!("{n}.cls"), i.to_string().into_bytes()));
+    }
+    let refs: Vec<(&str, Vec<u8>)> = members
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.clone()))
+        .collect();
+    let whole = shards.join("shard-000.tar");
+    tar_of(&whole, &refs);
+    // Cut inside the last image.
+    let bytes = std::fs::read(&whole).unwrap();
+    let cut = bytes.len() - 1024 - 700;
+    std::fs::write(&whole, &bytes[..cut]).unwrap();
+    // And a shard of garbage.
+    std::fs::write(
+        shards.join("shard-001.tar"),
+        [0x9bu8, 0x07, 0x00, 0xff].repeat(300),
+    )
+    .unwrap();
+    let rep = tmp.path().join("r.json");
+    ok_in(
+        &cache,
+        &[
+            "vision",
+            s(&shards),
+            "--transform",
+            "eval",
+            "--size",
+            "16",
+            "--on-error",
+            "skip",
+            "--quiet",
+            "--report-json",
+            s(&rep),
+        ],
+    );
+    let r = report(&rep);
+    assert!(r["samples"].as_u64().unwrap() >= 2, "{r}");
+    let skipped = r["skipped"].as_array().unwrap();
+    let text = serde_json::to_string(skipped).unwrap();
+    assert!(
+        text.contains("shard-000.tar") && text.contains("shard-001.tar"),
+        "{text}"
+    );
+    for e in skipped {
+        let err = e["error"].as_str().unwrap();
+        assert!(
+            err.chars()
+                .all(|c| !c.is_control() && c != char::REPLACEMENT_CHARACTER),
+            "printable: {err:?}"
+        );
+    }
+    let err = fail_in(
+        &cache,
+        &["vision", s(&shards), "--transform", "eval", "--size", "16"],
+    );
+    assert!(err.contains("shard-00"), "{err}");
+}

@@ -189,6 +189,7 @@ impl Loader {
                 "domain: {domain:?} is not one of vision, text, audio"
             ))
         })?;
+        let numeric = jobs::numeric_flags(domain).unwrap_or_default();
         let path = match &path {
             None => None,
             Some(p) if p.is_none() => None,
@@ -296,6 +297,14 @@ impl Loader {
                     FlagKind::Value => {
                         if v.is_none() {
                             continue;
+                        }
+                        // A number given as text (`batch_size="64"`) is
+                        // refused, as torch's DataLoader does.
+                        if numeric.contains(&flag) && v.is_instance_of::<PyString>() {
+                            return Err(PyValueError::new_err(format!(
+                                "{key}: expected a number, got str {}",
+                                v.repr()?
+                            )));
                         }
                         // One argument, so a negative value is not read
                         // as a flag.

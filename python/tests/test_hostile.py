@@ -182,3 +182,13 @@ def test_a_second_thread_iterating_gets_a_clear_error(vision_dir):
     held.release()
     assert errors and "another thread" in errors[0]
     assert len(list(it)) == 6
+
+
+def test_numbers_given_as_text_and_zero_epochs_are_refused(vision_dir):
+    with pytest.raises(ValueError, match="batch_size: expected a number"):
+        ferrofeed.vision(vision_dir, batch_size="64")
+    with pytest.raises(ValueError, match="epochs"):
+        ferrofeed.vision(vision_dir, epochs=0)
+    # Sizes take units as text.
+    loader = ferrofeed.vision(vision_dir, batch_size=8, max_bytes_in_flight="64MiB")
+    assert len(list(loader)) == 3

@@ -158,8 +158,8 @@ pub struct CommonArgs {
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// Epochs to run.
-    #[arg(long, default_value_t = 1)]
+    /// Epochs to run (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub epochs: u64,
     /// Seed for shuffling and random transforms; same seed ⇒ bit-identical batches.
     #[arg(long, default_value_t = 0)]
@@ -385,6 +385,45 @@ pub fn flags(domain: &str) -> Option<Vec<(String, FlagKind)>> {
                 Some((long, kind))
             })
             .filter(|(l, _)| l != "help")
+            .collect(),
+    )
+}
+
+/// The long flags of `domain`'s subcommand whose value is a number (a
+/// count, a size in samples, seconds): front ends that take typed values
+/// refuse text for them. `None` for an unknown domain.
+///
+/// ```
+/// let n = ferrofeed::jobs::numeric_flags("vision").unwrap();
+/// assert!(n.contains(&"batch-size".to_string()));
+/// assert!(!n.contains(&"transform".to_string()));
+/// assert!(!n.contains(&"max-bytes-in-flight".to_string()), "256MiB is a size");
+/// ```
+pub fn numeric_flags(domain: &str) -> Option<Vec<String>> {
+    use std::any::TypeId;
+    let numbers = [
+        TypeId::of::<usize>(),
+        TypeId::of::<u64>(),
+        TypeId::of::<u32>(),
+        TypeId::of::<u16>(),
+        TypeId::of::<u8>(),
+        TypeId::of::<i64>(),
+        TypeId::of::<i32>(),
+        TypeId::of::<f64>(),
+        TypeId::of::<f32>(),
+    ];
+    let cmd = domain_command(domain)?;
+    Some(
+        cmd.get_arguments()
+            .filter(|a| {
+                let id = a.get_value_parser().type_id();
+                // Sizes are numbers with units (`256MiB`): text is theirs.
+                let size = a
+                    .get_value_names()
+                    .is_some_and(|n| n.iter().any(|v| v == "SIZE"));
+                !size && numbers.iter().any(|n| id == *n)
+            })
+            .filter_map(|a| a.get_long().map(str::to_string))
             .collect(),
     )
 }

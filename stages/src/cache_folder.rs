@@ -55,6 +55,13 @@ pub fn cache_key<T: Hash + ?Sized>(domain: u64, parts: &T) -> [u8; 16] {
 /// ```
 pub fn content_digest(path: &Path) -> std::io::Result<u128> {
     use std::io::Read;
+    // Checked before opening: opening a FIFO waits for a writer.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
     let mut f = std::fs::File::open(path)?;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -68,6 +75,63 @@ pub fn content_digest(path: &Path) -> std::io::Result<u128> {
         h.update(&buf[..n]);
     }
     Ok(h.digest128())
+}
+
+/// The process id in a temporary file's name written by a cache of ours:
+/// `.tmp-<pid>-…` (entries), `.<name>.tmp-<pid>-…` (downloads) or
+/// `<name>.tmp<pid>` (token caches).
+fn temp_pid(name: &str) -> Option<u32> {
+    let at = name.rfind(".tmp")?;
+    let rest = &name[at + 4..];
+    let rest = rest.strip_prefix('-').unwrap_or(rest);
+    let digits = rest.split('-').next()?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// Removes the temporaries a killed process left in `dir` (`kill -9`
+/// mid-write): those of a process no longer running here that are at
+/// least a minute old, and any a day old. Returns how many were removed.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let stale = dir.path().join(".tmp-4000000000-0-ThreadId(2)");
+/// std::fs::write(&stale, b"half an entry").unwrap();
+/// let f = std::fs::File::options().write(true).open(&stale).unwrap();
+/// f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(120)).unwrap();
+/// std::fs::write(dir.path().join("entry.bin"), b"kept").unwrap();
+/// assert_eq!(ferrofeed_stages::sweep_temporaries(dir.path()), 1);
+/// assert!(!stale.exists() && dir.path().join("entry.bin").exists());
+/// ```
+pub fn sweep_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let now = SystemTime::now();
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(temp_pid) else {
+            continue;
+        };
+        let Ok(meta) = e.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .unwrap_or_default();
+        let running = Path::new("/proc").join(pid.to_string()).exists();
+        let stale = age >= std::time::Duration::from_secs(86_400)
+            || (!running && age >= std::time::Duration::from_secs(60));
+        if stale && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// An entry found by a scan: its path, bytes and last use.
@@ -104,6 +168,7 @@ impl CacheFolder {
         if !dir.is_dir() {
             return Err(std::io::Error::other("not a folder"));
         }
+        sweep_temporaries(dir);
         let f = CacheFolder {
             dir: dir.to_path_buf(),
             ext,

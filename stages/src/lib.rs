@@ -22,7 +22,7 @@ mod readers;
 #[cfg(feature = "remote")]
 pub mod remote;
 
-pub use cache_folder::{cache_key, content_digest, CacheEntry, CacheFolder};
+pub use cache_folder::{cache_key, content_digest, sweep_temporaries, CacheEntry, CacheFolder};
 pub use components::{Bytes, FilePath, Label};
 pub use readers::files::{Files, LabeledFiles, ReadFile};
 pub use readers::folder::{walk_files, ImageFolder, ScanError};

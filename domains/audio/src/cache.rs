@@ -74,7 +74,7 @@ impl FeatureCache {
     /// cannot be read (the decode then reports it).
     fn key(&self, path: &Path, settings: &str) -> Option<[u8; 16]> {
         use ferrofeed_core::sync::LockExt;
-        let meta = std::fs::metadata(path).ok()?;
+        let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
         let mtime = meta
             .modified()
             .ok()?

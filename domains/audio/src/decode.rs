@@ -125,6 +125,13 @@ impl Decoded {
             path: path.to_path_buf(),
             message: m,
         };
+        // Checked before opening: opening a FIFO waits for a writer.
+        if !std::fs::metadata(path)
+            .map_err(|e| err(e.to_string()))?
+            .is_file()
+        {
+            return Err(err("not a regular file (a FIFO, device or socket)".into()));
+        }
         let file = File::open(path).map_err(|e| err(e.to_string()))?;
         let len = file.metadata().map_err(|e| err(e.to_string()))?.len();
         Self::from_source(Box::new(file), len, path, opts)

@@ -103,7 +103,11 @@ impl TokenCache {
             (FORMAT, corpus_id, tokenizer.fingerprint()).hash(&mut h);
             h.finish()
         };
-        let files = opts.dir.as_ref().map(|d| CacheFiles::new(d, key));
+        let files = opts.dir.as_ref().map(|d| {
+            // What a killed build left half written.
+            ferrofeed_stages::sweep_temporaries(d);
+            CacheFiles::new(d, key)
+        });
         if let Some(f) = &files {
             if let Some(mut c) = f.load(corpus)? {
                 c.corpus_id = corpus_id;

@@ -318,6 +318,13 @@ impl TextCorpus {
                 path: path.clone(),
                 source: e,
             };
+            // Checked before opening: opening a FIFO waits for a writer.
+            if !std::fs::metadata(path).map_err(io)?.is_file() {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a regular file (a FIFO, device or socket)",
+                )));
+            }
             let f = File::open(path).map_err(io)?;
             let meta = f.metadata().map_err(io)?;
             // SAFETY: the map is read-only; a file truncated by another

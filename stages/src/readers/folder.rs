@@ -46,9 +46,12 @@ pub enum ScanError {
     },
 }
 
-/// Every regular file under `root`, following symlinks, in path order
-/// (each folder's entries by name, depth first). A symlink loop or an
-/// unreadable folder is an error naming the path.
+/// Every file under `root`, following symlinks, in path order (each
+/// folder's entries by name, depth first): regular files, and also what is
+/// neither a folder nor readable as a file — a FIFO, socket or device, a
+/// dangling symlink, a symlink looping to itself — so that reading it
+/// fails naming it instead of it being left out unsaid. A symlink loop back
+/// to a folder above, or an unreadable folder, is an error naming the path.
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
@@ -64,17 +67,39 @@ pub fn walk_files(root: &Path) -> Result<Vec<PathBuf>, ScanError> {
         .follow_links(true)
         .sort_by_file_name()
     {
-        let entry = entry.map_err(|e| ScanError::Walk {
-            path: e
-                .path()
-                .map_or_else(|| root.to_path_buf(), Path::to_path_buf),
-            message: e.to_string(),
-        })?;
-        if entry.file_type().is_file() {
+        let entry = match entry {
+            Ok(entry) => entry,
+            // A dangling symlink, or one that loops to itself rather than
+            // to a folder above it: a file that cannot be read, listed so
+            // that reading it fails naming it (under the error policy)
+            // instead of the whole scan.
+            Err(e) if e.loop_ancestor().is_none() && e.io_error().is_some() && e.depth() > 0 => {
+                match e.path() {
+                    Some(p) if p.symlink_metadata().is_ok_and(|m| m.is_symlink()) => {
+                        out.push(p.to_path_buf());
+                        continue;
+                    }
+                    _ => return Err(walk_error(root, &e)),
+                }
+            }
+            Err(e) => return Err(walk_error(root, &e)),
+        };
+        // Anything but a folder is a sample: a FIFO, socket or device
+        // fails when read, naming it, rather than being left out unsaid.
+        if !entry.file_type().is_dir() {
             out.push(entry.into_path());
         }
     }
     Ok(out)
+}
+
+fn walk_error(root: &Path, e: &walkdir::Error) -> ScanError {
+    ScanError::Walk {
+        path: e
+            .path()
+            .map_or_else(|| root.to_path_buf(), Path::to_path_buf),
+        message: e.to_string(),
+    }
 }
 
 /// The files of an ImageFolder tree with their class labels.

@@ -62,6 +62,30 @@ struct TarSample {
     /// A member whose key and extension came before in the shard: two
     /// samples share the key, and neither may be silently kept.
     repeated: Option<String>,
+    /// Where and why the shard broke off (this is no sample of it).
+    broken: Option<String>,
+}
+
+/// `text` with control characters and the replacement character escaped,
+/// at most 120 characters: a garbage header's bytes in a message.
+fn printable(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .flat_map(|c| {
+            let plain = !c.is_control() && c != char::REPLACEMENT_CHARACTER;
+            let esc: Vec<char> = if plain {
+                vec![c]
+            } else {
+                c.escape_unicode().collect()
+            };
+            esc
+        })
+        .take(121)
+        .collect();
+    if out.chars().count() > 120 {
+        out = out.chars().take(117).collect::<String>() + "...";
+    }
+    out
 }
 
 /// The label in sample `key`'s `.cls` member: an integer, as text.
@@ -126,8 +150,33 @@ impl TarShards {
             let mut seen: std::collections::HashSet<(usize, String)> = Default::default();
             let mut archive = tar::Archive::new(Cursor::new(&map[..]));
             let entries = archive.entries_with_seek().map_err(io)?;
+            // A shard that breaks off (truncated, or garbage where a header
+            // should be) keeps the samples before the break; the break is
+            // one more sample that fails naming the shard and where, under
+            // the error policy, instead of failing the whole run unnamed.
+            let broken = |samples: &mut Vec<TarSample>, after: &str, why: String| {
+                samples.push(TarSample {
+                    shard: si as u32,
+                    key: format!("<after {after}>"),
+                    data: None,
+                    label: None,
+                    repeated: None,
+                    broken: Some(why),
+                });
+            };
+            let mut last = String::from("the start");
             for entry in entries {
-                let entry = entry.map_err(io)?;
+                let entry = match entry {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let why = format!(
+                            "the shard breaks off after {last}: {}",
+                            printable(&e.to_string())
+                        );
+                        broken(&mut samples, &last, why);
+                        break;
+                    }
+                };
                 let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
                 if unsafe_member(&raw) {
                     return Err(TarError::UnsafeEntry {
@@ -140,13 +189,15 @@ impl TarShards {
                 }
                 let start = entry.raw_file_position() as usize;
                 let len = entry.size() as usize;
-                let end = start
-                    .checked_add(len)
-                    .filter(|&e| e <= map.len())
-                    .ok_or_else(|| TarError::Io {
-                        shard: path.clone(),
-                        message: format!("entry `{raw}` runs past the end of the file"),
-                    })?;
+                let Some(end) = start.checked_add(len).filter(|&e| e <= map.len()) else {
+                    let why = format!(
+                        "the shard is truncated: member `{}` runs past the end of the file",
+                        printable(&raw)
+                    );
+                    broken(&mut samples, &last, why);
+                    break;
+                };
+                last = format!("`{}`", printable(&raw));
                 let (key, ext) = split_member(&raw);
                 let slot = *by_key.entry(key.clone()).or_insert_with(|| {
                     samples.push(TarSample {
@@ -155,6 +206,7 @@ impl TarShards {
                         data: None,
                         label: None,
                         repeated: None,
+                        broken: None,
                     });
                     samples.len() - 1
                 });
@@ -209,6 +261,9 @@ impl Source for TarShards {
             .samples
             .get(index as usize)
             .ok_or_else(|| format!("index {index} is past the end"))?;
+        if let Some(why) = &s.broken {
+            return Err(why.clone().into());
+        }
         if let Some(member) = &s.repeated {
             return Err(format!(
                 "key `{}` appears twice in shard {} (member `{member}` again): \

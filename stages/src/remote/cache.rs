@@ -50,6 +50,7 @@ impl ObjectCache {
     pub fn open(dir: &Path, cap: Option<u64>) -> io::Result<ObjectCache> {
         std::fs::create_dir_all(dir.join("objects"))?;
         std::fs::create_dir_all(dir.join("locks"))?;
+        crate::sweep_temporaries(&dir.join("objects"));
         let c = ObjectCache {
             dir: dir.to_path_buf(),
             cap,
