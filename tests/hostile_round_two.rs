@@ -1263,3 +1263,81 @@ fn a_truncated_tar_keeps_its_samples_before_the_break_under_skip() {
     );
     assert!(err.contains("shard-00"), "{err}");
 }
+
+#[test]
+fn audio_failures_name_the_file_and_chunk_not_an_encoded_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let audio = tmp.path().join("audio");
+    std::fs::create_dir(&audio).unwrap();
+    for name in ["a.wav", "b.wav", "c.wav"] {
+        std::fs::write(
+            audio.join(name),
+            common::wav(16_000, &[0.1; 32_000], false, None),
+        )
+        .unwrap();
+    }
+    // Float samples, one of them NaN in the second chunk.
+    let mut samples = vec![0.1f32; 32_000];
+    samples[20_000] = f32::NAN;
+    std::fs::write(
+        audio.join("d.wav"),
+        common::wav(16_000, &samples, true, None),
+    )
+    .unwrap();
+    let err = fail_in(
+        &cache,
+        &["audio", s(&audio), "--chunk-seconds", "1", "--quiet"],
+    );
+    let line = err.lines().find(|l| l.contains("d.wav")).unwrap_or(&err);
+    assert!(line.contains("d.wav, chunk "), "{err}");
+    // No index of 10 or more digits (the shard and position packed in one).
+    let digits = line
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    assert!(digits < 10, "{err}");
+}
+
+#[test]
+fn retries_are_not_spent_on_a_file_that_cannot_decode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let data = tmp.path().join("data");
+    make_vision(tmp.path(), &data, 6);
+    std::fs::write(data.join("class_02/empty.jpg"), b"").unwrap();
+    let rep = tmp.path().join("r.json");
+    ok_in(
+        &cache,
+        &[
+            "vision",
+            s(&data),
+            "--transform",
+            "eval",
+            "--size",
+            "16",
+            "--on-error",
+            "retry:5:skip",
+            "--quiet",
+            "--report-json",
+            s(&rep),
+        ],
+    );
+    let r = report(&rep);
+    assert_eq!(r["samples"], 6);
+    let skipped = r["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1);
+    assert!(skipped[0]["path"].as_str().unwrap().ends_with("empty.jpg"));
+    let retries: u64 = r["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|st| st["retries"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        retries, 0,
+        "a 0-byte image fails the same every time: {}",
+        r["stages"]
+    );
+}

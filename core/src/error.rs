@@ -203,12 +203,12 @@ pub struct SampleError {
 
 impl fmt::Display for SampleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.index {
-            Some(i) => write!(f, "sample {i}")?,
-            None => f.write_str("pipeline")?,
-        }
-        if let Some(p) = &self.path {
-            write!(f, " ({p})")?;
+        match (self.index, &self.path) {
+            (Some(i), Some(p)) => write!(f, "sample {i} ({p})")?,
+            (Some(i), None) => write!(f, "sample {i}")?,
+            // A file, shard or stream item named by its path alone.
+            (None, Some(p)) => f.write_str(p)?,
+            (None, None) => f.write_str("pipeline")?,
         }
         write!(f, " failed in stage `{}`", self.stage)?;
         if self.attempts > 1 {
@@ -255,6 +255,45 @@ impl SampleError {
     pub(crate) fn pipeline(msg: String) -> Self {
         SampleError::new(None, None, "pipeline", ErrorKind::Pipeline(msg), 1)
     }
+}
+
+/// An error that running the step again cannot cure: the data itself is
+/// bad (an empty file, a corrupt image). `retry:N` does not retry it; the
+/// policy after the retries applies at once. Its message is the inner
+/// error's.
+///
+/// ```
+/// use ferrofeed_core::{is_permanent, BoxError, Permanent};
+/// let e: BoxError = Permanent::wrap("empty file".into());
+/// assert!(is_permanent(e.as_ref()));
+/// assert_eq!(e.to_string(), "empty file");
+/// assert!(!is_permanent(BoxError::from("connection reset").as_ref()));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Permanent(pub BoxError);
+
+impl Permanent {
+    /// `e`, marked permanent (once: an error already marked is kept).
+    pub fn wrap(e: BoxError) -> BoxError {
+        if is_permanent(e.as_ref()) {
+            e
+        } else {
+            Box::new(Permanent(e))
+        }
+    }
+}
+
+/// Whether `err`, or an error in its chain, is [`Permanent`].
+pub fn is_permanent(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<Permanent>().is_some() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// `outer: cause: root cause`.

@@ -67,7 +67,8 @@ pub use collate::{BatchStage, Collatable, Collate, CollateError, StackCollate};
 pub use component::{Component, ComponentId};
 pub use component_set::ComponentSet;
 pub use error::{
-    error_chain, BoxError, BuildError, ErrorKind, ErrorPolicy, RetryThen, SampleError, MAX_RETRIES,
+    error_chain, is_permanent, BoxError, BuildError, ErrorKind, ErrorPolicy, Permanent, RetryThen,
+    SampleError, MAX_RETRIES,
 };
 pub use html::{ReportPage, MAX_SKIPPED_SHOWN};
 pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};

@@ -227,15 +227,19 @@ pub(crate) fn erase<S: Stage>(stage: S, salt: u64) -> RunFn {
                 if env.every_row {
                     exec.end();
                 }
-                let kind = match r {
+                let (kind, permanent) = match r {
                     Ok(Ok(o)) => {
                         out.push(o);
                         break;
                     }
-                    Ok(Err(e)) => ErrorKind::Failed(error_chain(e.as_ref())),
-                    Err(p) => ErrorKind::Panicked(panic_message(p.as_ref())),
+                    Ok(Err(e)) => (
+                        ErrorKind::Failed(error_chain(e.as_ref())),
+                        crate::error::is_permanent(e.as_ref()),
+                    ),
+                    Err(p) => (ErrorKind::Panicked(panic_message(p.as_ref())), false),
                 };
-                let may_retry = attempt < env.retries && !env.cancel.load(Ordering::Relaxed);
+                let may_retry =
+                    !permanent && attempt < env.retries && !env.cancel.load(Ordering::Relaxed);
                 match exec.fail(index, kind, attempt + 1, may_retry) {
                     RowFate::Retry => {
                         attempt += 1;

@@ -413,6 +413,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     };
     let mut job = Job::new("audio", pipeline, a.common.clone(), index, resources);
     job.identify(&*paths);
+    job.item_name = Some("chunk");
     job.extra = Box::new(extra);
     job.index_of_batch = Some(Box::new(of_batch));
     if let Some(l) = local {

@@ -216,6 +216,10 @@ pub struct Job {
     /// Rewrites a local path into what the user gave (a remote dataset read
     /// through local links shows its object URLs).
     pub show_path: Option<Arc<ShowPathFn>>,
+    /// For sources read as streams (audio files, streamed shards), what an
+    /// item is called (`chunk`): their indices encode a stream position,
+    /// so messages name the file and the item instead.
+    pub item_name: Option<&'static str>,
 }
 
 /// [`Job::epoch_start`].
@@ -245,6 +249,7 @@ impl Job {
             epoch_start: Box::new(|_, _, _| {}),
             remote: None,
             show_path: None,
+            item_name: None,
         }
     }
 
@@ -277,6 +282,15 @@ impl Job {
     /// `e` with its path shown as the user gave it.
     pub fn shown_error(&self, mut e: SampleError) -> SampleError {
         e.path = e.path.map(|p| self.show(&p));
+        // `file#7` with an encoded index: `file, chunk 7`.
+        if let (Some(word), Some(path), Some(_)) = (self.item_name, &e.path, e.index) {
+            if let Some((file, n)) = path.rsplit_once('#') {
+                if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+                    e.path = Some(format!("{file}, {word} {n}"));
+                    e.index = None;
+                }
+            }
+        }
         e
     }
 

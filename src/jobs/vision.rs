@@ -562,6 +562,7 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         b = b.shuffle_buffer(items);
     }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let streamed = matches!(ds, Dataset::Streamed(..));
     let ds_images = ds.clone();
     // The strip uses the eval transform when the settings allow one (the
     // same pixels every run), else the run's own.
@@ -596,6 +597,9 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     let mut job = Job::new("vision", pipeline, a.common.clone(), index, resources);
     job.extra = Box::new(extra);
     job.images = Some(Box::new(move || stage_images(&ds_images, strip)));
+    if streamed {
+        job.item_name = Some("item");
+    }
     attach_remote(&mut job, opened);
     let listed: Vec<(String, Option<i64>)> = job
         .shown_index((job.index)()?)

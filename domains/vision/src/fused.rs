@@ -358,15 +358,19 @@ enum Fused {
 impl Stage for DecodeTransform {
     type In = Bytes;
     type Out = Image;
+    /// Decoding bytes in memory fails the same way every time: its errors
+    /// are [`Permanent`](ferrofeed_core::Permanent), not retried.
     fn process(&self, bytes: Bytes, ctx: &StageCtx) -> Result<Image, BoxError> {
         match (&self.cache, &self.disk) {
             (Some(cache), _) => self.run_cached(cache, ctx.index(), &bytes, &mut ctx.rng()),
-            (None, Some(_)) => {
-                let img = self.decode_through_disk(&bytes)?;
-                Ok(self.transform.apply_ref(&img, &mut ctx.rng())?)
-            }
+            (None, Some(_)) => self.decode_through_disk(&bytes).and_then(|img| {
+                self.transform
+                    .apply_ref(&img, &mut ctx.rng())
+                    .map_err(BoxError::from)
+            }),
             (None, None) => self.run_keyed(&bytes, Some(ctx.index()), &mut ctx.rng()),
         }
+        .map_err(ferrofeed_core::Permanent::wrap)
     }
 }
 
