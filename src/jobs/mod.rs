@@ -254,8 +254,9 @@ impl CommonArgs {
         })
     }
 
-    /// Refuses, before anything runs, an output file whose folder is missing or
-    /// that names a folder.
+    /// Refuses, before anything runs, an output file whose folder is
+    /// missing or not writable, or that names a folder, and a `--dump`
+    /// folder that already holds batches.
     pub fn check_outputs(&self) -> Result<(), run::CliError> {
         use run::CliError;
         let c = self;

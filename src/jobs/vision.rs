@@ -563,6 +563,15 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     }
     let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
     let streamed = matches!(ds, Dataset::Streamed(..));
+    // What the dataset is, for the states it saves: its samples' paths and
+    // labels (a streamed dataset's shards, which are not read for it).
+    let identity: Vec<(String, Option<i64>)> = match &ds {
+        Dataset::Streamed(t, _) => t.names().iter().map(|n| (n.clone(), None)).collect(),
+        other => index_entries(other)?
+            .into_iter()
+            .map(|e| (e.path, e.label))
+            .collect(),
+    };
     let ds_images = ds.clone();
     // The strip uses the eval transform when the settings allow one (the
     // same pixels every run), else the run's own.
@@ -601,12 +610,11 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         job.item_name = Some("item");
     }
     attach_remote(&mut job, opened);
-    let listed: Vec<(String, Option<i64>)> = job
-        .shown_index((job.index)()?)
+    let identity: Vec<(String, Option<i64>)> = identity
         .into_iter()
-        .map(|e| (e.path, e.label))
+        .map(|(p, l)| (job.show(&p), l))
         .collect();
-    job.identify(&listed);
+    job.identify(&identity);
     Ok(job)
 }
 
