@@ -22,6 +22,7 @@ Extras: ``on_error="fail"|"skip"|"retry:N"``, ``max_bytes_in_flight``,
 
 from __future__ import annotations
 
+import atexit
 import base64
 import copy
 import itertools
@@ -30,6 +31,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
@@ -43,18 +45,17 @@ __all__ = ["DataLoader", "WorkerInfo"]
 _DEFAULT_BUDGET = 1 << 30
 
 
-class WorkerInfo:
+def WorkerInfo(id: int, num_workers: int, seed: int, dataset: Any) -> Any:
     """What ``torch.utils.data.get_worker_info()`` returns inside a worker
-    thread: ``id``, ``num_workers``, ``seed`` and ``dataset``."""
-
-    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any):
-        self.id = id
-        self.num_workers = num_workers
-        self.seed = seed
-        self.dataset = dataset
-
-    def __repr__(self) -> str:
-        return f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed})"
+    thread: torch's own ``WorkerInfo`` (same attributes, same repr, same
+    immutability) with ``id``, ``num_workers``, ``seed`` and ``dataset``,
+    and ``worker_method="thread"`` where torch's has that field."""
+    cls = tud._utils.worker.WorkerInfo
+    fields = getattr(cls, "__dataclass_fields__", None)
+    kw: Dict[str, Any] = dict(id=id, num_workers=num_workers, seed=seed, dataset=dataset)
+    if fields is not None and "worker_method" in fields:
+        kw["worker_method"] = "thread"
+    return cls(**kw)
 
 
 # Worker info by OS thread. Not a threading.local: the engine's threads
@@ -205,6 +206,21 @@ class _Work:
         return batch
 
 
+# Loaders alive in this process: closed when the interpreter exits, before
+# it finalizes, so that no worker thread is inside the dataset's code then
+# (a thread calling into a finalizing interpreter aborts the process).
+_live: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_loaders() -> None:
+    for loader in list(_live):
+        try:
+            loader._close()
+        except Exception:
+            pass
+
+
 class DataLoader:
     """Drop-in for ``torch.utils.data.DataLoader`` on threads (see the module
     docs). Beyond torch's arguments: ``on_error`` (``"fail"``, ``"skip"``,
@@ -307,6 +323,29 @@ class DataLoader:
             )
         elif on_error not in ("fail", "skip") and not on_error.startswith("retry:"):
             raise ValueError(f"on_error: {on_error!r} is not fail, skip or retry:N")
+        self.persistent_workers = persistent_workers
+        self._initialized = True
+        _live.add(self)
+
+    def _close(self) -> None:
+        """Stops the epoch in progress and waits for its workers to leave
+        the dataset's code."""
+        if os.getpid() != self._pid:
+            return
+        if self._runner is not None:
+            self._runner.close()
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
+
+    # As torch's: these define the epochs, and changing one after
+    # construction would leave the samplers drawn from the old value.
+    _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+    def __setattr__(self, attr: str, val: Any) -> None:
+        if self.__dict__.get("_initialized") and attr in self._FROZEN:
+            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(attr, val)
 
     # torch's rules for len(): batches for map-style datasets, the
     # dataset's length (with its batching) for iterable ones.
@@ -493,7 +532,7 @@ class DataLoader:
             pass
 
 
-def _iterable_batches(loader: DataLoader, dataset: Any, info: Optional[WorkerInfo]) -> Iterator[Any]:
+def _iterable_batches(loader: DataLoader, dataset: Any, info: Optional[Any]) -> Iterator[Any]:
     """One worker's batches of an iterable dataset, as torch's fetcher makes
     them (the last may be short unless ``drop_last``)."""
     if info is not None:
@@ -549,7 +588,7 @@ class _IterWorkers:
                 continue
         return False
 
-    def _work(self, loader: DataLoader, info: WorkerInfo, q: queue.Queue) -> None:
+    def _work(self, loader: DataLoader, info: Any, q: queue.Queue) -> None:
         try:
             for batch in _iterable_batches(loader, info.dataset, info):
                 if not self._put(q, (None, batch)):

@@ -337,9 +337,18 @@ impl MapRunner {
         }
     }
 
-    /// Stops the run in progress and joins its thread.
+    /// Stops the run in progress, joins its thread and waits (up to 10 s)
+    /// for the engine's workers to leave `__getitem__` and collate, so that
+    /// none calls into Python afterwards (the loader closes this way when
+    /// the interpreter exits).
     fn close(&mut self, py: Python<'_>) {
-        py.detach(|| self.finish());
+        if self.pid != std::process::id() {
+            return;
+        }
+        py.detach(|| {
+            self.finish();
+            self.pipeline.stop_and_wait(Duration::from_secs(10));
+        });
     }
 
     /// The last run's figures: time in `__getitem__` and in collate, the

@@ -302,3 +302,72 @@ def test_max_bytes_in_flight_bounds_what_is_held():
     assert sum(len(b) for b in loader) == 64
     r = loader.report()
     assert r["peak_bytes_in_flight"] <= (8 << 20) + (4 << 20), r["peak_bytes_in_flight"]
+
+
+def _worker_info_seen(loader_cls, workers):
+    class Info(tud.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            info = tud.get_worker_info()
+            return {
+                "repr_keys": [kv.split("=")[0] for kv in repr(info)[len("WorkerInfo("):-1].split(", ")],
+                "type": type(info).__name__,
+                "dataset_is_ours": isinstance(info.dataset, Info),
+                "frozen": _assign_fails(info),
+            }
+
+    loader = loader_cls(Info(), batch_size=None, num_workers=workers)
+    return next(iter(loader))
+
+
+def _assign_fails(info):
+    try:
+        info.id = 99
+    except Exception:
+        return True
+    return False
+
+
+def test_worker_info_is_torchs_own_with_the_same_fields_and_repr():
+    want = _worker_info_seen(tud.DataLoader, 1)
+    got = _worker_info_seen(DataLoader, 2)
+    assert got == want, (got, want)
+    assert "dataset" in got["repr_keys"]
+
+
+@pytest.mark.parametrize("attr", ["batch_size", "sampler", "batch_sampler", "drop_last", "dataset"])
+def test_assigning_what_defines_the_epochs_after_construction_raises_as_torch(attr):
+    ds = Squares(10)
+    for cls in (tud.DataLoader, DataLoader):
+        loader = cls(ds, batch_size=2)
+        with pytest.raises(ValueError, match=f"{attr} attribute should not be set"):
+            setattr(loader, attr, getattr(loader, attr))
+    # Anything else may still be set.
+    ours = DataLoader(ds, batch_size=2)
+    ours.num_workers = 0
+    ours.timeout = 5
+
+
+_EXIT_MID_EPOCH = """
+import torch, torch.utils.data as tud
+from ferrofeed.torch import DataLoader
+class D(tud.Dataset):
+    def __len__(self): return 400
+    def __getitem__(self, i):
+        return torch.full((3,), float(i))
+it = iter(DataLoader(D(), batch_size=4, num_workers=2))
+next(it)
+"""
+
+
+def test_the_interpreter_exits_cleanly_with_an_epoch_in_progress():
+    import subprocess
+    import sys
+
+    # The workers were still calling __getitem__ while the interpreter
+    # finalized: the process aborted (134) in about half the runs.
+    for _ in range(6):
+        r = subprocess.run([sys.executable, "-c", _EXIT_MID_EPOCH], capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]

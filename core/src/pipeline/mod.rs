@@ -265,6 +265,23 @@ impl Pipeline {
         Ok(self.epoch_at(state.epoch, state.position.into(), &state.carry))
     }
 
+    /// Cancels the epoch in progress, if any, and waits up to `timeout` for
+    /// its workers to leave their stages; whether they all did. For hosts
+    /// whose stage code must not run past a point (an interpreter about to
+    /// shut down): an abandoned epoch's workers otherwise finish their
+    /// current step in the background.
+    pub fn stop_and_wait(&self, timeout: Duration) -> bool {
+        let run = self.last_run.lock_unpoisoned().clone();
+        match run {
+            Some(run) => {
+                run.cancel.store(true, Ordering::Release);
+                self.shared.budget.notify();
+                run.wait_finished(timeout)
+            }
+            None => true,
+        }
+    }
+
     /// The state at the start of `epoch` (what a run that stops before
     /// delivering anything saves).
     pub fn epoch_state_start(&self, epoch: u64) -> crate::state::PipelineState {
