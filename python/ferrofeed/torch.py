@@ -26,6 +26,7 @@ import atexit
 import base64
 import copy
 import itertools
+import operator
 import os
 import queue
 import sys
@@ -110,6 +111,15 @@ def _set_gen_state(generator: Optional[torch.Generator], text: str) -> None:
         torch.set_rng_state(t)
 
 
+def _is_index(x: Any) -> bool:
+    """Whether ``x`` is an integer index (int, numpy or 0-d torch integer)."""
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
 def _signature(x: Any) -> Any:
     """What must agree between samples for them to collate: the structure,
     and the shape and dtype of every tensor or array in it."""
@@ -170,6 +180,10 @@ class _Work:
         self.num_workers = loader.num_workers
         self.base_seed = 0
         self.token = object()
+        # What the sampler yielded, when not indices (batch_size=None with a
+        # sampler of lists: `dataset[list]`, bulk loading); the engine then
+        # runs positions in this list.
+        self.keys: Optional[List[Any]] = None
         self.ids = itertools.count()
         self.lock = threading.Lock()
 
@@ -186,7 +200,8 @@ class _Work:
 
     def fetch(self, index: int):
         self.setup()
-        sample = self.dataset[index]
+        keys = self.keys
+        sample = self.dataset[index if keys is None else keys[index]]
         return sample, _nbytes(sample)
 
     def collate(self, samples: Any) -> Any:
@@ -389,8 +404,14 @@ class DataLoader:
 
     def _iter_engine(self, plan: List[Any]) -> Iterator[Any]:
         runner = self._runner
-        batches = [b if self._torch._auto_collation else [b] for b in plan]
-        runner.start([list(map(int, b)) for b in batches])
+        if not self._torch._auto_collation and not all(_is_index(b) for b in plan):
+            # Each item goes to __getitem__ whole, as torch's fetcher does.
+            self._work.keys = list(plan)
+            batches = [[k] for k in range(len(plan))]
+        else:
+            self._work.keys = None
+            batches = [list(map(int, b if self._torch._auto_collation else [b])) for b in plan]
+        runner.start(batches)
         while True:
             got = runner.next()
             if got is None:
@@ -412,11 +433,11 @@ class DataLoader:
             for i in b if auto else [b]:
                 try:
                     samples.append(self.dataset[i])
-                    kept.append(int(i))
+                    kept.append(int(i) if _is_index(i) else i)
                 except Exception as e:
                     if not self._skip:
                         raise
-                    skipped.append({"index": int(i), "stage": "getitem", "error": repr(e)})
+                    skipped.append({"index": int(i) if _is_index(i) else i, "stage": "getitem", "error": repr(e)})
             t1 = time.perf_counter()
             getitem += t1 - t
             if not samples:

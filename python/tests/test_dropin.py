@@ -371,3 +371,23 @@ def test_the_interpreter_exits_cleanly_with_an_epoch_in_progress():
     for _ in range(6):
         r = subprocess.run([sys.executable, "-c", _EXIT_MID_EPOCH], capture_output=True, timeout=120)
         assert r.returncode == 0, r.stderr.decode()[-2000:]
+
+
+class Bulk(tud.Dataset):
+    """``__getitem__`` takes a list of indices and loads them at once."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, idx):
+        if isinstance(idx, list):
+            return torch.tensor([float(i) for i in idx])
+        return torch.tensor(float(idx))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_size_none_with_a_sampler_of_lists_passes_each_list_whole(workers):
+    sampler = tud.BatchSampler(tud.SequentialSampler(range(12)), batch_size=4, drop_last=False)
+    want = [b.tolist() for b in tud.DataLoader(Bulk(), batch_size=None, sampler=sampler)]
+    got = [b.tolist() for b in DataLoader(Bulk(), batch_size=None, sampler=sampler, num_workers=workers)]
+    assert got == want == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]
