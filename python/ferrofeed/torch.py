@@ -111,6 +111,47 @@ def _set_gen_state(generator: Optional[torch.Generator], text: str) -> None:
         torch.set_rng_state(t)
 
 
+class _GoesOn:
+    """An epoch of a map-style dataset that, as torch's iterator, goes on
+    after a batch raises: ``next()`` raises that batch's error, and the
+    following ``next()`` yields the batch after it. ``start(plan)`` runs
+    the batches of ``plan`` in order; after an error the rest of the plan is
+    started again."""
+
+    def __init__(self, loader: "DataLoader", start: Callable[[List[Any]], Iterator[Any]], plan: List[Any]):
+        self._loader = loader
+        self._start = start
+        self._plan = plan
+        self._done = 0  # batches of the plan delivered or raised
+        self._gen: Optional[Iterator[Any]] = start(plan)
+        self._ended = False
+
+    def __iter__(self) -> "_GoesOn":
+        return self
+
+    def __next__(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        if self._gen is None:
+            self._gen = self._start(self._plan[self._done:])
+        try:
+            batch = next(self._gen)
+        except StopIteration:
+            self._ended = True
+            raise
+        except Exception:
+            # This batch is spent: the next call starts after it.
+            self._gen = None
+            self._done += 1
+            self._loader._yielded += 1
+            if self._done >= len(self._plan):
+                self._ended = True
+                self._loader._finish_epoch({"batches": 0, "skipped": []})
+            raise
+        self._done += 1
+        return batch
+
+
 def _is_index(x: Any) -> bool:
     """Whether ``x`` is an integer index (int, numpy or 0-d torch integer)."""
     try:
@@ -184,6 +225,9 @@ class _Work:
         # sampler of lists: `dataset[list]`, bulk loading); the engine then
         # runs positions in this list.
         self.keys: Optional[List[Any]] = None
+        # Errors re-raised as torch's workers' (not under "skip", whose
+        # report keeps the sample's own error).
+        self.name_worker = loader.num_workers > 0 and not loader._skip
         self.ids = itertools.count()
         self.lock = threading.Lock()
 
@@ -198,10 +242,23 @@ class _Work:
         if self.worker_init_fn is not None:
             self.worker_init_fn(wid)
 
+    def _reraise_as_worker(self) -> None:
+        """Raises the exception being handled as torch re-raises a worker's:
+        the same type, with "Caught ValueError in DataLoader worker thread
+        1." and the original traceback as its message."""
+        info = _infos.get(threading.get_ident())
+        where = "in DataLoader worker thread" + (f" {info[0].id}" if info is not None else "")
+        torch._utils.ExceptionWrapper(where=where).reraise()
+
     def fetch(self, index: int):
         self.setup()
         keys = self.keys
-        sample = self.dataset[index if keys is None else keys[index]]
+        try:
+            sample = self.dataset[index if keys is None else keys[index]]
+        except Exception:
+            if self.name_worker:
+                self._reraise_as_worker()
+            raise
         return sample, _nbytes(sample)
 
     def collate(self, samples: Any) -> Any:
@@ -215,6 +272,13 @@ class _Work:
                     e.__ferrofeed_sample__ = _blame(samples, self.collate_fn)  # type: ignore[attr-defined]
                 except Exception:
                     pass
+            if self.name_worker:
+                try:
+                    self._reraise_as_worker()
+                except Exception as named:
+                    if hasattr(e, "__ferrofeed_sample__"):
+                        named.__ferrofeed_sample__ = e.__ferrofeed_sample__  # type: ignore[attr-defined]
+                    raise named from None
             raise
         if self.pin_memory:
             batch = tud._utils.pin_memory.pin_memory(batch)
@@ -393,8 +457,10 @@ class DataLoader:
             return self._iter_iterable(skip)
         plan = self._plan()[skip:]
         if self._runner is None:
-            return self._iter_inline(plan)
-        return self._iter_engine(plan)
+            return _GoesOn(self, self._iter_inline, plan)
+        if not self.in_order:
+            return self._iter_engine(plan)
+        return _GoesOn(self, self._iter_engine, plan)
 
     def _finish_epoch(self, extra: Dict[str, Any]) -> None:
         self._report = extra

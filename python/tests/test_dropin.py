@@ -391,3 +391,53 @@ def test_batch_size_none_with_a_sampler_of_lists_passes_each_list_whole(workers)
     want = [b.tolist() for b in tud.DataLoader(Bulk(), batch_size=None, sampler=sampler)]
     got = [b.tolist() for b in DataLoader(Bulk(), batch_size=None, sampler=sampler, num_workers=workers)]
     assert got == want == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]
+
+
+class FailsAt(tud.Dataset):
+    """``__getitem__`` raises ValueError at the indices in ``bad``."""
+
+    def __init__(self, n=24, bad=(7, 13)):
+        self.n, self.bad = n, set(bad)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise ValueError(f"sample {i} is broken")
+        return torch.tensor(float(i))
+
+
+def _observe(loader):
+    """What a loop that catches each batch's error and goes on sees."""
+    seen, it = [], iter(loader)
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            return seen
+        except Exception as e:
+            seen.append(("error", type(e).__name__, str(e).splitlines()[0]))
+        else:
+            seen.append(("batch", b.tolist()))
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+def test_after_a_batch_raises_the_iterator_goes_on_as_torchs(workers):
+    def make(cls):
+        g = torch.Generator().manual_seed(3)
+        return cls(FailsAt(), batch_size=4, shuffle=True, generator=g, num_workers=workers)
+
+    want = _observe(make(tud.DataLoader))
+    got = _observe(make(DataLoader))
+    assert [x[:2] for x in got] == [x[:2] for x in want]
+    assert sum(x[0] == "error" for x in got) == 2
+    assert sum(x[0] == "batch" for x in got) == 4
+    for g_, w_ in zip(got, want):
+        if g_[0] == "error":
+            if workers == 0:
+                assert g_[2] == w_[2] == g_[2]
+            else:
+                # torch: "Caught ValueError in DataLoader worker process 1."
+                assert g_[2].startswith("Caught ValueError in DataLoader worker"), g_
+                assert w_[2].startswith("Caught ValueError in DataLoader worker"), w_
