@@ -48,6 +48,36 @@ fn stash(raised: &Raised, index: u64, py: Python<'_>, e: PyErr) -> String {
     text
 }
 
+thread_local! {
+    /// Whether this engine thread holds a Python thread state of its own.
+    static KEPT_STATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `Python::attach` from an engine thread that keeps one Python thread
+/// state for its whole life. Without it each attach makes a thread state
+/// and deletes it again, so what the dataset keeps in a `threading.local`
+/// (a file handle, a connection, a generator that `worker_init_fn` set up)
+/// would be gone at the next sample.
+fn attach_kept<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
+    KEPT_STATE.with(|kept| {
+        if !kept.get() {
+            kept.set(true);
+            // SAFETY: only on a thread Python knows nothing of (no thread
+            // state, so it cannot hold the GIL): PyGILState_Ensure makes its
+            // thread state and takes the GIL, PyEval_SaveThread releases the
+            // GIL and keeps the state, which later PyGILState_Ensure calls
+            // on this thread reuse.
+            unsafe {
+                if pyo3::ffi::PyGILState_GetThisThreadState().is_null() {
+                    let _ = pyo3::ffi::PyGILState_Ensure();
+                    pyo3::ffi::PyEval_SaveThread();
+                }
+            }
+        }
+    });
+    Python::attach(f)
+}
+
 /// Replays the batches set for each run.
 struct Replay(Arc<Mutex<Vec<Vec<u64>>>>);
 
@@ -84,7 +114,7 @@ impl Collate for PyCollate {
             message: "no samples to collate".into(),
         })?;
         let first = rows.indices().first().copied().unwrap_or(0);
-        Python::attach(|py| {
+        attach_kept(|py| {
             let out = if self.auto {
                 let list = PyList::new(py, items.iter().map(|i| i.0.bind(py)));
                 list.and_then(|l| self.collate.bind(py).call1((l,)))
@@ -206,7 +236,7 @@ impl MapRunner {
         let r = Arc::clone(&raised);
         let fetch = Arc::new(fetch);
         let source = FnSource::new(u64::MAX >> 1, move |i: u64| -> Result<PyItem, BoxError> {
-            Python::attach(|py| match fetch.bind(py).call1((i,)) {
+            attach_kept(|py| match fetch.bind(py).call1((i,)) {
                 Ok(out) => {
                     let (obj, bytes): (Py<PyAny>, usize) = out
                         .extract()

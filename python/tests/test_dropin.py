@@ -441,3 +441,32 @@ def test_after_a_batch_raises_the_iterator_goes_on_as_torchs(workers):
                 # torch: "Caught ValueError in DataLoader worker process 1."
                 assert g_[2].startswith("Caught ValueError in DataLoader worker"), g_
                 assert w_[2].startswith("Caught ValueError in DataLoader worker"), w_
+
+
+_worker_local = threading.local()
+
+
+def _init_worker_local(wid):
+    _worker_local.wid = wid
+    _worker_local.handle = object()  # e.g. a file handle or a connection
+
+
+class SeesWorkerLocal(tud.Dataset):
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        return (getattr(_worker_local, "wid", None), tud.get_worker_info().id, hasattr(_worker_local, "handle"))
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_worker_init_fn_state_in_a_thread_local_is_what_that_workers_getitem_sees(workers):
+    def seen(cls):
+        loader = cls(SeesWorkerLocal(), batch_size=4, num_workers=workers, worker_init_fn=_init_worker_local,
+                     collate_fn=lambda x: x)
+        return [s for b in loader for s in b]
+
+    for cls in (tud.DataLoader, DataLoader):
+        rows = seen(cls)
+        assert len(rows) == 48
+        assert all(local == wid and handle for local, wid, handle in rows), (cls, rows)
