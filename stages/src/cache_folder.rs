@@ -77,17 +77,28 @@ pub fn content_digest(path: &Path) -> std::io::Result<u128> {
     Ok(h.digest128())
 }
 
-/// The process id in a temporary file's name written by a cache of ours:
-/// `.tmp-<pid>-…` (entries), `.<name>.tmp-<pid>-…` (downloads) or
-/// `<name>.tmp<pid>` (token caches).
+/// The process id in a temporary file's name written by a cache of ours,
+/// and only ours: `.tmp-<pid>-…` (entries), `.<name>.tmp-<pid>-ThreadId(…)`
+/// (downloads) or `tokens-<key>[.meta].tmp<pid>` (token caches). Any other
+/// name — a user's file in a folder given as a cache — is never touched.
 fn temp_pid(name: &str) -> Option<u32> {
-    let at = name.rfind(".tmp")?;
-    let rest = &name[at + 4..];
-    let rest = rest.strip_prefix('-').unwrap_or(rest);
-    let digits = rest.split('-').next()?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
+    fn digits(s: &str) -> Option<u32> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    }
+    if let Some(rest) = name.strip_prefix(".tmp-") {
+        return digits(rest.split('-').next()?);
+    }
+    if name.starts_with('.') && name.ends_with(')') && name.contains("-ThreadId(") {
+        let at = name.rfind(".tmp-")?;
+        return digits(name[at + 5..].split('-').next()?);
+    }
+    if name.starts_with("tokens-") {
+        let at = name.rfind(".tmp")?;
+        return digits(&name[at + 4..]);
+    }
+    None
 }
 
 /// Removes the temporaries a killed process left in `dir` (`kill -9`
@@ -103,6 +114,12 @@ fn temp_pid(name: &str) -> Option<u32> {
 /// std::fs::write(dir.path().join("entry.bin"), b"kept").unwrap();
 /// assert_eq!(ferrofeed_stages::sweep_temporaries(dir.path()), 1);
 /// assert!(!stale.exists() && dir.path().join("entry.bin").exists());
+/// // A user's file that merely looks like one is left alone.
+/// let theirs = dir.path().join("notes.tmp123");
+/// std::fs::write(&theirs, b"mine").unwrap();
+/// let f = std::fs::File::options().write(true).open(&theirs).unwrap();
+/// f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(86_400 * 2)).unwrap();
+/// assert_eq!(ferrofeed_stages::sweep_temporaries(dir.path()), 0);
 /// ```
 pub fn sweep_temporaries(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
