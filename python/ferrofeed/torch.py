@@ -382,6 +382,10 @@ class DataLoader:
         self._yielded = 0
         self._epoch_rng = _gen_state(generator)
         self._resume: Optional[Dict[str, Any]] = None
+        # in_order=False: the epoch's batches (places in its plan) delivered,
+        # and those a resumed state had delivered.
+        self._delivered: List[int] = []
+        self._resume_delivered: Optional[List[int]] = None
         self._report: Dict[str, Any] = {}
         # Worker ids are handed out once per thread for this loader's life
         # (its threads live across epochs, as with persistent_workers).
@@ -447,6 +451,7 @@ class DataLoader:
             state, self._resume = self._resume, None
             _set_gen_state(self.generator, state["rng"])
             self._epoch, skip = state["epoch"], state["batches"]
+            self._resume_delivered = state.get("delivered")
         else:
             if self._yielded:  # the last epoch was left early
                 self._epoch += 1
@@ -455,20 +460,31 @@ class DataLoader:
         self._yielded = skip
         if self._iterable:
             return self._iter_iterable(skip)
-        plan = self._plan()[skip:]
+        full = self._plan()
+        if self._runner is not None and not self.in_order:
+            # Out of order, a position is the set of batches delivered.
+            done = set(self._resume_delivered or [])
+            self._resume_delivered = None
+            positions = [k for k in range(len(full)) if k not in done]
+            self._delivered = sorted(done)
+            self._yielded = len(done)
+            return self._iter_engine([full[k] for k in positions], positions)
+        plan = full[skip:]
         if self._runner is None:
             return _GoesOn(self, self._iter_inline, plan)
-        if not self.in_order:
-            return self._iter_engine(plan)
         return _GoesOn(self, self._iter_engine, plan)
 
     def _finish_epoch(self, extra: Dict[str, Any]) -> None:
         self._report = extra
+        self._delivered = []
         self._epoch += 1
         self._yielded = 0
         self._epoch_rng = _gen_state(self.generator)
 
-    def _iter_engine(self, plan: List[Any]) -> Iterator[Any]:
+    def _iter_engine(self, plan: List[Any], positions: Optional[List[int]] = None) -> Iterator[Any]:
+        """The batches of ``plan`` on the engine. With ``positions`` (each
+        batch's place in the epoch's whole plan; ``in_order=False``), the
+        places delivered are recorded for ``state_dict()``."""
         runner = self._runner
         if not self._torch._auto_collation and not all(_is_index(b) for b in plan):
             # Each item goes to __getitem__ whole, as torch's fetcher does.
@@ -477,12 +493,20 @@ class DataLoader:
         else:
             self._work.keys = None
             batches = [list(map(int, b if self._torch._auto_collation else [b])) for b in plan]
+        where: Dict[Any, List[int]] = {}
+        if positions is not None:
+            for j in range(len(batches) - 1, -1, -1):
+                where.setdefault(tuple(batches[j]), []).append(j)
         runner.start(batches)
         while True:
             got = runner.next()
             if got is None:
                 break
             self._yielded += 1
+            if positions is not None:
+                left = where.get(tuple(got[0]))
+                if left:
+                    self._delivered.append(positions[left.pop()])
             yield got[1]
         self._finish_epoch(runner.report())
 
@@ -587,7 +611,11 @@ class DataLoader:
         epoch's end, the next epoch. JSON-serialisable."""
         if self._resume is not None:
             return dict(self._resume)
-        return {"format": "ferrofeed-dataloader-v1", "epoch": self._epoch, "batches": self._yielded, "rng": self._epoch_rng}
+        state = {"format": "ferrofeed-dataloader-v1", "epoch": self._epoch, "batches": self._yielded, "rng": self._epoch_rng}
+        if not self.in_order and self._delivered:
+            # Batches come out of order: which of the epoch's were delivered.
+            state["delivered"] = sorted(self._delivered)
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Makes the next iteration continue where ``state`` was taken."""
@@ -596,6 +624,11 @@ class DataLoader:
         for k, t in (("epoch", int), ("batches", int), ("rng", str)):
             if not isinstance(state.get(k), t):
                 raise ValueError(f"state: field {k!r} is missing or not a {t.__name__}")
+        delivered = state.get("delivered")
+        if delivered is not None and not (
+            isinstance(delivered, list) and all(isinstance(k, int) and k >= 0 for k in delivered)
+        ):
+            raise ValueError("state: field 'delivered' is not a list of batch numbers")
         self._resume = dict(state)
 
     def report(self) -> Dict[str, Any]:

@@ -470,3 +470,36 @@ def test_worker_init_fn_state_in_a_thread_local_is_what_that_workers_getitem_see
         rows = seen(cls)
         assert len(rows) == 48
         assert all(local == wid and handle for local, wid, handle in rows), (cls, rows)
+
+
+class SlowAt(tud.Dataset):
+    """Sample ``slow`` takes 0.4 s, so batches come out of order."""
+
+    def __init__(self, n=24, slow=8):
+        self.n, self.slow = n, slow
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.slow:
+            time.sleep(0.4)
+        return torch.tensor(i)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_in_order_false_resumes_exactly_what_was_not_delivered(k):
+    def make():
+        return DataLoader(SlowAt(), batch_size=2, num_workers=2, in_order=False,
+                          generator=torch.Generator().manual_seed(1), shuffle=True)
+
+    first = make()
+    it = iter(first)
+    before = [next(it).tolist() for _ in range(k)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it, first
+    resumed = make()
+    resumed.load_state_dict(state)
+    after = [b.tolist() for b in resumed]
+    got = sorted(x for b in before + after for x in b)
+    assert got == list(range(24)), (before, after, state)
