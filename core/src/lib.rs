@@ -43,6 +43,7 @@ mod component;
 mod component_set;
 mod engine;
 mod error;
+mod files;
 mod html;
 mod metrics;
 mod options;
@@ -70,6 +71,7 @@ pub use error::{
     error_chain, is_permanent, BoxError, BuildError, ErrorKind, ErrorPolicy, Permanent, RetryThen,
     SampleError, MAX_RETRIES,
 };
+pub use files::{open_regular, read_settings_file};
 pub use html::{ReportPage, MAX_SKIPPED_SHOWN};
 pub use metrics::{Bottleneck, EpochSummary, StageReport, Timeline, TimelinePoint};
 pub use options::{
@@ -87,7 +89,7 @@ pub use source::{
     stream_index, FnSource, IterableSource, ShardEpoch, ShardIter, Source, STREAM_POSITION_BITS,
 };
 pub use stage::{FnStage, Parallelism, Stage, StageCtx, StageOptions, MAX_WORKERS};
-pub use state::{read_settings_file, PipelineState, Position, ResumeError, MAX_STATE_BYTES};
+pub use state::{PipelineState, Position, ResumeError, MAX_STATE_BYTES};
 pub use stop::StopHandle;
 pub use table::{BatchRows, Table};
 

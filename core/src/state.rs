@@ -262,52 +262,11 @@ impl PipelineState {
 /// is a few hundred bytes).
 pub const MAX_STATE_BYTES: u64 = 16 << 20;
 
-/// Reads a settings file (a saved state, a tokenizer) of at most `max`
-/// bytes: anything but a regular file (a FIFO, `/dev/zero`, a folder) is
-/// refused before it is read, and a file longer than `max` is refused after
-/// reading `max + 1` bytes at most, so a lying size cannot run memory out.
-///
-/// ```
-/// let p = std::env::temp_dir().join(format!("ff-settings-doc-{}.json", std::process::id()));
-/// std::fs::write(&p, "{}").unwrap();
-/// assert_eq!(ferrofeed_core::read_settings_file(&p, 16).unwrap(), b"{}");
-/// assert!(ferrofeed_core::read_settings_file(&p, 1).is_err());
-/// assert!(ferrofeed_core::read_settings_file(std::path::Path::new("/dev/zero"), 16).is_err());
-/// std::fs::remove_file(&p).unwrap();
-/// ```
-pub fn read_settings_file(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::{Error, ErrorKind, Read};
-    let refuse = || {
-        Error::new(
-            ErrorKind::InvalidInput,
-            "not a regular file (a device, FIFO or folder): refusing to read it",
-        )
-    };
-    // Checked before opening: opening a FIFO blocks until a writer comes.
-    if !std::fs::metadata(path)?.is_file() {
-        return Err(refuse());
-    }
-    let file = std::fs::File::open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(refuse());
-    }
-    let mut out = Vec::with_capacity(meta.len().min(max) as usize);
-    file.take(max + 1).read_to_end(&mut out)?;
-    if out.len() as u64 > max {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("longer than {max} bytes: refusing to read it"),
-        ));
-    }
-    Ok(out)
-}
-
 impl PipelineState {
     /// Reads and parses a state file (at most [`MAX_STATE_BYTES`], a regular
     /// file only), naming the file in the error.
     pub fn read(path: &std::path::Path) -> Result<PipelineState, ResumeError> {
-        let bytes = read_settings_file(path, MAX_STATE_BYTES)
+        let bytes = crate::files::read_settings_file(path, MAX_STATE_BYTES)
             .map_err(|e| ResumeError::Parse(format!("{}: {e}", path.display())))?;
         let text = std::str::from_utf8(&bytes)
             .map_err(|e| ResumeError::Parse(format!("{}: not UTF-8 ({e})", path.display())))?;

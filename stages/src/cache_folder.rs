@@ -55,14 +55,7 @@ pub fn cache_key<T: Hash + ?Sized>(domain: u64, parts: &T) -> [u8; 16] {
 /// ```
 pub fn content_digest(path: &Path) -> std::io::Result<u128> {
     use std::io::Read;
-    // Checked before opening: opening a FIFO waits for a writer.
-    if !std::fs::metadata(path)?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let mut f = std::fs::File::open(path)?;
+    let (mut f, _) = ferrofeed_core::open_regular(path)?;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

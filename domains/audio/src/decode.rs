@@ -15,7 +15,6 @@
 //!     println!("{} samples", block.len());
 //! }
 //! ```
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use symphonia::core::audio::GenericAudioBufferRef;
@@ -125,16 +124,8 @@ impl Decoded {
             path: path.to_path_buf(),
             message: m,
         };
-        // Checked before opening: opening a FIFO waits for a writer.
-        if !std::fs::metadata(path)
-            .map_err(|e| err(e.to_string()))?
-            .is_file()
-        {
-            return Err(err("not a regular file (a FIFO, device or socket)".into()));
-        }
-        let file = File::open(path).map_err(|e| err(e.to_string()))?;
-        let len = file.metadata().map_err(|e| err(e.to_string()))?.len();
-        Self::from_source(Box::new(file), len, path, opts)
+        let (file, meta) = ferrofeed_core::open_regular(path).map_err(|e| err(e.to_string()))?;
+        Self::from_source(Box::new(file), meta.len(), path, opts)
     }
 
     /// Decodes a file held in memory (a tar member, a fuzz input); `name`

@@ -318,15 +318,7 @@ impl TextCorpus {
                 path: path.clone(),
                 source: e,
             };
-            // Checked before opening: opening a FIFO waits for a writer.
-            if !std::fs::metadata(path).map_err(io)?.is_file() {
-                return Err(io(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "not a regular file (a FIFO, device or socket)",
-                )));
-            }
-            let f = File::open(path).map_err(io)?;
-            let meta = f.metadata().map_err(io)?;
+            let (f, meta) = ferrofeed_core::open_regular(path).map_err(io)?;
             // SAFETY: the map is read-only; a file truncated by another
             // process while mapped is outside what this reader supports.
             let map = if meta.len() == 0 {

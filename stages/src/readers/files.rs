@@ -111,15 +111,7 @@ impl Default for ReadFile {
 impl ReadFile {
     /// Reads `path` under this stage's limits.
     pub fn read(&self, path: &std::path::Path) -> Result<Bytes, BoxError> {
-        // Checked before opening: opening a FIFO waits for a writer.
-        if !std::fs::metadata(path)?.is_file() {
-            return Err("not a regular file (a FIFO, device or socket)".into());
-        }
-        let mut f = std::fs::File::open(path)?;
-        let meta = f.metadata()?;
-        if !meta.is_file() {
-            return Err("not a regular file".into());
-        }
+        let (mut f, meta) = ferrofeed_core::open_regular(path)?;
         let len = meta.len();
         if len > self.max_bytes {
             return Err(format!(
