@@ -657,19 +657,6 @@ fn a_run_where_every_sample_failed_exits_non_zero() {
     assert_eq!(report(&rep)["skipped"].as_array().unwrap().len(), 2);
 }
 
-/// Writes `members` (name, bytes) into the tar `path`, in order.
-fn tar_of(path: &Path, members: &[(&str, Vec<u8>)]) {
-    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
-    for (name, bytes) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(bytes.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, bytes.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap();
-}
-
 #[test]
 fn truncated_audio_is_an_error_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();
@@ -777,7 +764,7 @@ fn a_webdataset_key_twice_in_a_shard_is_an_error_naming_key_and_shard() {
     let jpg = |i: usize| std::fs::read(data.join(format!("class_0{i}/img_00000{i}.jpg"))).unwrap();
     let shards = tmp.path().join("shards");
     std::fs::create_dir(&shards).unwrap();
-    tar_of(
+    common::write_tar(
         &shards.join("shard-000.tar"),
         &[
             ("a.jpg", jpg(0)),
@@ -1208,12 +1195,8 @@ fn a_truncated_tar_keeps_its_samples_before_the_break_under_skip() {
         members.push((format!("{n}.jpg"), jpg));
         members.push((format!("{n}.cls"), i.to_string().into_bytes()));
     }
-    let refs: Vec<(&str, Vec<u8>)> = members
-        .iter()
-        .map(|(n, b)| (n.as_str(), b.clone()))
-        .collect();
     let whole = shards.join("shard-000.tar");
-    tar_of(&whole, &refs);
+    common::write_tar(&whole, &members);
     // Cut inside the last image.
     let bytes = std::fs::read(&whole).unwrap();
     let cut = bytes.len() - 1024 - 700;

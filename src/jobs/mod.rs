@@ -256,7 +256,8 @@ impl CommonArgs {
 
     /// Refuses, before anything runs, an output file whose folder is
     /// missing or not writable, or that names a folder, and a `--dump`
-    /// folder that already holds batches.
+    /// folder that already holds batches. Each domain's `build` calls it
+    /// first, so the command and the Python loaders refuse alike.
     pub fn check_outputs(&self) -> Result<(), run::CliError> {
         use run::CliError;
         let c = self;

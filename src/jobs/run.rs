@@ -411,7 +411,6 @@ pub struct RunFigures {
 pub fn run(job: &Job) -> Result<(), CliError> {
     let c = &job.common;
     let p = &job.pipeline;
-    c.check_outputs()?;
     if let Some(dir) = &c.dump {
         std::fs::create_dir_all(dir).map_err(CliError::io(dir))?;
         if job.index_of_batch.is_none() {

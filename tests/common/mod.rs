@@ -127,14 +127,27 @@ pub fn wav(rate: u32, samples: &[f32], float: bool, claimed_data_bytes: Option<u
     v
 }
 
+/// Writes `members` (name, bytes) into the tar `path`, in order.
+pub fn write_tar<N: AsRef<str>>(path: &Path, members: &[(N, Vec<u8>)]) {
+    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for (name, bytes) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name.as_ref(), bytes.as_slice())
+            .unwrap();
+    }
+    b.into_inner().unwrap();
+}
+
 /// Writes `jpgs` as WebDataset shards `out/shard-NNN.tar`, `per` images
 /// each: member `s{shard}_{i}.jpg` with `s{shard}_{i}.cls` holding `i % 3`,
 /// or `oops` where `bad(shard, i)`.
 pub fn write_shards(jpgs: &[PathBuf], out: &Path, per: usize, bad: impl Fn(usize, usize) -> bool) {
     std::fs::create_dir_all(out).unwrap();
     for (s, chunk) in jpgs.chunks(per).enumerate() {
-        let f = std::fs::File::create(out.join(format!("shard-{s:03}.tar"))).unwrap();
-        let mut b = tar::Builder::new(f);
+        let mut members = Vec::new();
         for (i, p) in chunk.iter().enumerate() {
             let key = format!("s{s}_{i}");
             let label = if bad(s, i) {
@@ -142,17 +155,9 @@ pub fn write_shards(jpgs: &[PathBuf], out: &Path, per: usize, bad: impl Fn(usize
             } else {
                 format!("{}\n", i % 3)
             };
-            for (name, bytes) in [
-                (format!("{key}.jpg"), std::fs::read(p).unwrap()),
-                (format!("{key}.cls"), label.into_bytes()),
-            ] {
-                let mut h = tar::Header::new_gnu();
-                h.set_size(bytes.len() as u64);
-                h.set_mode(0o644);
-                h.set_cksum();
-                b.append_data(&mut h, name, bytes.as_slice()).unwrap();
-            }
+            members.push((format!("{key}.jpg"), std::fs::read(p).unwrap()));
+            members.push((format!("{key}.cls"), label.into_bytes()));
         }
-        b.into_inner().unwrap();
+        write_tar(&out.join(format!("shard-{s:03}.tar")), &members);
     }
 }
