@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::batch::Batch;
+use crate::engine::{settle, ErasedSource, Shared, TaskMsg, TaskOut, Worker};
 use crate::error::{ErrorKind, SampleError};
 use crate::stage::RowFate;
 use crate::table::BatchRows;
-
-use crate::engine::*;
 
 impl Worker {
     /// Collates a task's batches; with `hold_short`, the last part of an

@@ -13,11 +13,10 @@
 use std::sync::atomic::AtomicBool;
 
 use crate::batch::Batch;
+use crate::engine::{nth_item, ErasedSource, LocalStats, RowExec, Shared, TaskLog};
 use crate::error::{ErrorKind, ErrorPolicy, SampleError};
 use crate::stage::{Exec, RowFate, RunEnv, RunFn};
 use crate::table::{BatchRows, Table};
-
-use crate::engine::*;
 
 /// One sample's run in the calling thread.
 pub(crate) struct Local<'a> {

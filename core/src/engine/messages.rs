@@ -15,7 +15,7 @@ use crate::error::SampleError;
 use crate::sampler::EpochPlan;
 use crate::table::Table;
 
-use crate::engine::*;
+use crate::engine::Handoff;
 use crate::sync::LockExt;
 
 /// A task's key: the resume position it starts at.

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::*;
+use crate::engine::{pool_label, Shared};
 use crate::sync::LockExt;
 
 /// The pipeline's monitor thread: adds a timeline point when one is due and,

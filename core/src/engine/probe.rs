@@ -23,10 +23,9 @@
 use std::sync::Arc;
 
 use crate::budget::Lease;
+use crate::engine::{EpochRun, ShardReader, TaskLog, Worker};
 use crate::error::{BoxError, SampleError};
 use crate::table::Table;
-
-use crate::engine::*;
 
 impl Worker {
     /// Whether this worker's tasks should send a first row ahead: its

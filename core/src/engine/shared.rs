@@ -19,7 +19,7 @@ use crate::options::{Batching, Options, Recording, Scheduling, Shuffling, Tuning
 
 use crate::sampler::{BatchSampler, Shard};
 
-use crate::engine::*;
+use crate::engine::{fuse, pool_label, ErasedSource, Segment, StageMetrics, StageNode};
 use crate::sync::LockExt;
 
 /// The settings the engine runs with: the builder's [`Options`], resolved

@@ -8,11 +8,10 @@
 
 use std::sync::Arc;
 
+use crate::engine::{ShardReader, Stream, StreamReader};
 use crate::error::BoxError;
 use crate::source::{IterableSource, ShardEpoch, Source};
 use crate::stage::{erase, RunFn, Stage, StageCtx};
-
-use crate::engine::*;
 
 pub(crate) type KeyFn = Box<dyn Fn(u64) -> Option<String> + Send + Sync>;
 

@@ -17,7 +17,7 @@ use crate::error::{ErrorKind, ErrorPolicy, SampleError, Verdict};
 use crate::stage::{Exec, RowFate, RunEnv, RunFn};
 use crate::table::Table;
 
-use crate::engine::*;
+use crate::engine::{EpochRun, Job, Out, Shared, TaskLog, TaskMsg, Work};
 use crate::sync::LockExt;
 
 /// Per-task counters, flushed to the shared metrics once per task.

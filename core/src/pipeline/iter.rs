@@ -27,7 +27,10 @@ use crate::metrics::EpochSummary;
 use crate::table::Table;
 
 use super::Pipeline;
-use crate::engine::*;
+
+use crate::engine::{
+    Carry, CarryId, EpochRun, ErasedSource, Key, TaskLog, TaskMsg, TaskOut, Worker,
+};
 use crate::sync::LockExt;
 
 /// The batches of one epoch, in sampler order unless the pipeline is

@@ -43,7 +43,10 @@ use crate::error::{BoxError, BuildError, SampleError};
 use crate::metrics::EpochSummary;
 use crate::sampler::{permutation, EpochPlan, PlanCtx, Shard};
 
-use crate::engine::*;
+use crate::engine::{
+    monitor_main, pool_label, worker_main, Carry, EpochRun, ErasedSource, Job, Key, Out, Shared,
+    TaskMsg, TaskOut, Work, Worker,
+};
 use crate::sync::LockExt;
 
 mod inspect;

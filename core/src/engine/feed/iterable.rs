@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 
 use crate::budget::Lease;
 use crate::component_set::ComponentSet;
+use crate::engine::{
+    join, settle, EpochRun, ErasedSource, Job, Key, LocalStats, Out, Shared, TaskLog, TaskMsg,
+    Work, Worker,
+};
 use crate::error::{BoxError, ErrorKind, SampleError, Verdict};
 use crate::source::{stream_index, ShardEpoch};
 use crate::stage::RowFate;
 use crate::table::Table;
-
-use crate::engine::*;
 
 /// Reads a shard of an iterable source a part (at most one batch) at a time.
 pub(crate) trait ShardReader: Send + 'static {

@@ -10,10 +10,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::engine::{
+    join, ErasedSource, Job, Key, Out, TaskLog, TaskMsg, Worker, MAX_CHUNK, TARGET_TASK_NS,
+};
 use crate::sampler::EpochPlan;
 use crate::table::Table;
-
-use crate::engine::*;
 
 impl Worker {
     /// Batches to claim next: about [`TARGET_TASK_NS`] of work, at least

@@ -40,7 +40,7 @@ use crate::error::SampleError;
 use crate::table::Table;
 
 use super::iterable::{Handoff, ShardReader};
-use crate::engine::*;
+use crate::engine::{Job, Out, TaskLog, Worker};
 
 /// Rows per slice of a part of `bs` rows: a quarter of a batch. Parts of
 /// fewer than 8 rows are read whole.
