@@ -174,6 +174,49 @@ fn unordered_mode_delivers_every_sample_once() {
 }
 
 #[test]
+fn unordered_a_slow_first_sample_holds_back_no_other_batch() {
+    // Sample 0 finishes only once every sample of the other batches has
+    // gone through the stage (or after 5 s): the other workers must run ahead of it, from
+    // the first task on (nothing measured yet), past any window.
+    for batch in [1usize, 4] {
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = Arc::clone(&done);
+        let p = Pipeline::builder(vals(64))
+            .map_with(
+                "s",
+                StageOptions::new().workers(Parallelism::Fixed(3)),
+                move |v: Val, _: &StageCtx| {
+                    if v.0 == 0 {
+                        let t0 = Instant::now();
+                        while d.load(Ordering::Acquire) < 64 - batch
+                            && t0.elapsed() < Duration::from_secs(5)
+                        {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    } else {
+                        d.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Ok(v)
+                },
+            )
+            .batch_size(batch)
+            .prefetch(4)
+            .unordered()
+            .collate(StackCollate::new().column::<Val>("v"))
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        let firsts: Vec<u64> = p.epoch(0).map(|b| b.unwrap().indices()[0]).collect();
+        assert_eq!(firsts.len(), 64 / batch);
+        assert_eq!(firsts.last(), Some(&0), "batch {batch}: {firsts:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "batch {batch}: sample 0 timed out"
+        );
+    }
+}
+
+#[test]
 fn byte_budget_bounds_what_is_in_flight() {
     const SAMPLE: usize = 100_000;
     const BUDGET: usize = 2_000_000;

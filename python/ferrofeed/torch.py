@@ -32,6 +32,7 @@ import queue
 import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
@@ -150,6 +151,12 @@ class _GoesOn:
             raise
         self._done += 1
         return batch
+
+
+def _stateful(obj: Any) -> bool:
+    """Whether ``obj`` keeps a state of its own (torchdata's ``Stateful``:
+    ``state_dict()`` and ``load_state_dict(state)``)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def _is_index(x: Any) -> bool:
@@ -387,6 +394,15 @@ class DataLoader:
         self._delivered: List[int] = []
         self._resume_delivered: Optional[List[int]] = None
         self._report: Dict[str, Any] = {}
+        # Samplers that keep a state: theirs after each batch of the epoch
+        # drawn (from batch `_snap_base` on), and the epoch's batch count.
+        self._snaps: List[Dict[str, Any]] = []
+        self._snap_base = 0
+        self._plan_len = 0
+        # Iterable datasets that keep a state: each worker's after the last
+        # batch delivered, and which worker comes next.
+        self._iter_state: Optional[Dict[str, Any]] = None
+        self._warned_state = False
         # Worker ids are handed out once per thread for this loader's life
         # (its threads live across epochs, as with persistent_workers).
         self._work = _Work(self)
@@ -435,11 +451,47 @@ class DataLoader:
     def __len__(self) -> int:
         return len(self._torch)
 
-    def _plan(self) -> List[Any]:
+    def _stateful_samplers(self) -> Dict[str, Any]:
+        """The samplers given that keep a state of their own
+        (``state_dict``/``load_state_dict``, as torchdata's ``Stateful``)."""
+        out: Dict[str, Any] = {}
+        for name in ("sampler", "batch_sampler"):
+            obj = getattr(self._torch, name, None)
+            if _stateful(obj):
+                out[name] = obj
+        return out
+
+    def _plan(self, samplers: Optional[Dict[str, Any]] = None) -> List[Any]:
         """Draws the epoch as torch's iterator does: the base seed first,
-        then the sampler's order."""
+        then the sampler's order. Samplers that keep a state are given
+        ``samplers`` first (they then yield the rest of their epoch) and
+        their state is kept after each batch drawn, for ``state_dict()``."""
         self._work.base_seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
-        return list(self._torch._index_sampler)
+        own = self._stateful_samplers()
+        for name, st in (samplers or {}).items():
+            if name in own:
+                own[name].load_state_dict(st)
+        if not own:
+            self._snaps = []
+            return list(self._torch._index_sampler)
+
+        def snap() -> Dict[str, Any]:
+            return {name: copy.deepcopy(obj.state_dict()) for name, obj in own.items()}
+
+        plan = []
+        snaps = [snap()]
+        it = iter(self._torch._index_sampler)
+        while True:
+            try:
+                b = next(it)
+            except StopIteration:
+                # After the epoch's end (a sampler may count epochs there).
+                snaps[-1] = snap()
+                break
+            plan.append(b)
+            snaps.append(snap())
+        self._snaps = snaps
+        return plan
 
     def __iter__(self) -> Iterator[Any]:
         if os.getpid() != self._pid:
@@ -447,29 +499,56 @@ class DataLoader:
                 f"this DataLoader was created in process {self._pid}; after os.fork() its threads exist "
                 "only there: create the DataLoader in this process (or fork before creating it)"
             )
+        resumed: Optional[Dict[str, Any]] = None
         if self._resume is not None:
-            state, self._resume = self._resume, None
-            _set_gen_state(self.generator, state["rng"])
-            self._epoch, skip = state["epoch"], state["batches"]
-            self._resume_delivered = state.get("delivered")
+            resumed, self._resume = self._resume, None
+            _set_gen_state(self.generator, resumed["rng"])
+            self._epoch, skip = resumed["epoch"], resumed["batches"]
+            self._resume_delivered = resumed.get("delivered")
         else:
             if self._yielded:  # the last epoch was left early
                 self._epoch += 1
             skip = 0
         self._epoch_rng = _gen_state(self.generator)
         self._yielded = skip
+        self._iter_state = None
         if self._iterable:
-            return self._iter_iterable(skip)
-        full = self._plan()
+            restore = resumed.get("iterable") if resumed else None
+            if restore is not None:
+                self._iter_state = copy.deepcopy(restore)
+            elif _stateful(self.dataset):
+                # Each worker's dataset state at its start (a state taken
+                # before any batch restores it, as torchdata's does).
+                start = {"dataset": copy.deepcopy(self.dataset.state_dict()), "iter": None}
+                n = max(1, self.num_workers)
+                self._iter_state = {"workers": [copy.deepcopy(start) for _ in range(n)], "done": [False] * n, "next": 0}
+            return self._iter_iterable(skip, restore)
+        if resumed is not None and "dataset" in resumed and _stateful(self.dataset):
+            self.dataset.load_state_dict(resumed["dataset"])
+        samplers = resumed.get("samplers") if resumed else None
+        if resumed is not None and resumed.get("finished"):
+            # Taken after the epoch's last batch, before the loop ended: on
+            # into the next epoch, as the loop that took it would have gone.
+            self._plan(samplers)
+            self._epoch += 1
+            self._epoch_rng = _gen_state(self.generator)
+            skip, samplers, self._resume_delivered = 0, None, None
+            self._yielded = 0
+        full = self._plan(samplers)
+        # Samplers that keep a state yield only what was left; a plain one
+        # is drawn whole and the delivered batches skipped.
+        base = resumed.get("samplers_at", skip) if samplers and self._snaps and resumed else 0
+        self._snap_base = base
+        self._plan_len = base + len(full)
         if self._runner is not None and not self.in_order:
             # Out of order, a position is the set of batches delivered.
             done = set(self._resume_delivered or [])
             self._resume_delivered = None
-            positions = [k for k in range(len(full)) if k not in done]
+            positions = [k for k in range(base, base + len(full)) if k not in done]
             self._delivered = sorted(done)
             self._yielded = len(done)
-            return self._iter_engine([full[k] for k in positions], positions)
-        plan = full[skip:]
+            return self._iter_engine([full[k - base] for k in positions], positions)
+        plan = full[skip - base:]
         if self._runner is None:
             return _GoesOn(self, self._iter_inline, plan)
         return _GoesOn(self, self._iter_engine, plan)
@@ -477,6 +556,11 @@ class DataLoader:
     def _finish_epoch(self, extra: Dict[str, Any]) -> None:
         self._report = extra
         self._delivered = []
+        # The next epoch is drawn from the samplers' state at this one's end.
+        self._snaps = self._snaps[-1:]
+        self._snap_base = 0
+        self._plan_len = 0
+        self._iter_state = None
         self._epoch += 1
         self._yielded = 0
         self._epoch_rng = _gen_state(self.generator)
@@ -574,13 +658,36 @@ class DataLoader:
                 del samples[at], indices[at]
         return None
 
-    def _iter_iterable(self, skip: int) -> Iterator[Any]:
+    def _iter_iterable(self, skip: int, restore: Optional[Dict[str, Any]] = None) -> Iterator[Any]:
+        """The batches of an iterable dataset. ``restore`` (a state's
+        ``iterable`` part: each worker's dataset state, which have ended,
+        which worker is next) resumes datasets that keep a state from it,
+        as torchdata does, instead of skipping ``skip`` batches."""
         base_seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+        n = max(1, self.num_workers)
+        if restore is not None:
+            if len(restore.get("workers", [])) != n:
+                raise ValueError(
+                    f"state: taken with {len(restore.get('workers', []))} iterable workers, this loader has {n}; "
+                    "a dataset's own states resume only on as many workers"
+                )
+            skip = 0
         if self.num_workers == 0:
-            src = _iterable_batches(self, self.dataset, None)
-            gen: Iterator[Any] = src
+            first = restore["workers"][0] if restore is not None else None
+            if restore is not None and restore["done"][0]:
+                src: Iterator[Any] = iter(())
+            else:
+                src = _iterable_batches(self, self.dataset, None, first)
+
+            def tracked() -> Iterator[Any]:
+                for batch, st in src:
+                    if st is not None:
+                        self._iter_state = {"workers": [st], "done": [False], "next": 0}
+                    yield batch
+
+            gen: Iterator[Any] = tracked()
         else:
-            self._threads = _IterWorkers(self, base_seed)
+            self._threads = _IterWorkers(self, base_seed, restore)
             gen = iter(self._threads)
         t0 = time.perf_counter()
         stall = 0.0
@@ -607,14 +714,49 @@ class DataLoader:
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the next batch comes from: after ``k`` batches of an epoch, a
-        new loader given this state yields exactly the remaining ones; at an
-        epoch's end, the next epoch. JSON-serialisable."""
+        new loader given this state yields exactly the remaining ones; taken
+        after an epoch's last batch, the next epoch. JSON-serialisable as
+        long as the states of a dataset or sampler that keep one (their
+        ``state_dict()``, saved with it and restored by
+        ``load_state_dict``, as torchdata's ``StatefulDataLoader`` does)
+        are."""
         if self._resume is not None:
             return dict(self._resume)
-        state = {"format": "ferrofeed-dataloader-v1", "epoch": self._epoch, "batches": self._yielded, "rng": self._epoch_rng}
+        state: Dict[str, Any] = {
+            "format": "ferrofeed-dataloader-v1",
+            "epoch": self._epoch,
+            "batches": self._yielded,
+            "rng": self._epoch_rng,
+        }
         if not self.in_order and self._delivered:
             # Batches come out of order: which of the epoch's were delivered.
             state["delivered"] = sorted(self._delivered)
+        if self._iterable:
+            if self._iter_state is not None:
+                state["iterable"] = copy.deepcopy(self._iter_state)
+            return state
+        if self._plan_len and self._yielded >= self._plan_len:
+            state["finished"] = True
+        if self._snaps:
+            # The samplers' own state after the batches delivered (out of
+            # order: after the first one not yet delivered).
+            at = self._yielded
+            if not self.in_order and self._runner is not None:
+                done = set(self._delivered)
+                at = next(k for k in itertools.count(self._snap_base) if k not in done)
+            k = min(max(at - self._snap_base, 0), len(self._snaps) - 1)
+            state["samplers"] = copy.deepcopy(self._snaps[k])
+            state["samplers_at"] = self._snap_base + k
+        if _stateful(self.dataset):
+            if self._runner is not None and not self._warned_state:
+                self._warned_state = True
+                warnings.warn(
+                    "the dataset's state_dict() is that of the one dataset the worker threads share, "
+                    "taken now: it includes samples fetched ahead of the batches delivered (torch's "
+                    "worker processes each keep a copy); with num_workers=0 it is exact",
+                    stacklevel=2,
+                )
+            state["dataset"] = copy.deepcopy(self.dataset.state_dict())
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -652,14 +794,34 @@ class DataLoader:
             pass
 
 
-def _iterable_batches(loader: DataLoader, dataset: Any, info: Optional[Any]) -> Iterator[Any]:
+def _iterable_batches(
+    loader: DataLoader, dataset: Any, info: Optional[Any], restore: Optional[Dict[str, Any]] = None
+) -> Iterator[Any]:
     """One worker's batches of an iterable dataset, as torch's fetcher makes
-    them (the last may be short unless ``drop_last``)."""
+    them (the last may be short unless ``drop_last``), each with the state
+    of the dataset and its iterator after it when either keeps one (else
+    ``None``). ``restore`` (such a state) is loaded first, after
+    ``worker_init_fn``, as torchdata's workers do."""
     if info is not None:
         _infos[threading.get_ident()] = (info, loader._token)
         if loader.worker_init_fn is not None:
             loader.worker_init_fn(info.id)
+    if restore is not None and restore.get("dataset") is not None and _stateful(dataset):
+        dataset.load_state_dict(restore["dataset"])
     it = iter(dataset)
+    if restore is not None and restore.get("iter") is not None and _stateful(it):
+        it.load_state_dict(restore["iter"])
+    own_iter = it is not dataset and _stateful(it)
+    keeps = _stateful(dataset) or own_iter
+
+    def state() -> Optional[Dict[str, Any]]:
+        if not keeps:
+            return None
+        return {
+            "dataset": copy.deepcopy(dataset.state_dict()) if _stateful(dataset) else None,
+            "iter": copy.deepcopy(it.state_dict()) if own_iter else None,
+        }
+
     auto = loader._torch._auto_collation
     bs = loader.batch_size
     while True:
@@ -675,7 +837,7 @@ def _iterable_batches(loader: DataLoader, dataset: Any, info: Optional[Any]) -> 
                 return
         if loader.pin_memory:
             batch = tud._utils.pin_memory.pin_memory(batch)
-        yield batch
+        yield batch, state()
 
 
 _DONE = object()
@@ -683,19 +845,29 @@ _DONE = object()
 
 class _IterWorkers:
     """``num_workers`` threads, each iterating its own copy of an iterable
-    dataset; batches are taken from the workers in turn, as torch does."""
+    dataset; batches are taken from the workers in turn, as torch does.
+    ``restore`` (a state's ``iterable`` part) gives each copy its saved
+    state, skips the workers that had ended, and starts at the worker that
+    was next."""
 
-    def __init__(self, loader: DataLoader, base_seed: int):
+    def __init__(self, loader: DataLoader, base_seed: int, restore: Optional[Dict[str, Any]] = None):
         n = loader.num_workers
         depth = max(1, loader.prefetch_factor or 2)
+        self._loader = loader
         self._queues: List[queue.Queue] = [queue.Queue(maxsize=depth) for _ in range(n)]
         self._stop = threading.Event()
         self._timeout = loader.timeout or None
         self._threads = []
+        start = loader._iter_state
+        self._states: List[Any] = list(start["workers"]) if start is not None else [None] * n
+        self._done: List[bool] = [bool(d) for d in restore["done"]] if restore is not None else [False] * n
+        self._next = int(restore.get("next", 0)) % n if restore is not None else 0
         for w in range(n):
+            if self._done[w]:
+                continue
             info = WorkerInfo(w, n, base_seed + w, copy.copy(loader.dataset))
-            t = threading.Thread(target=self._work, args=(loader, info, self._queues[w]), daemon=True,
-                                 name=f"ferrofeed-worker-{w}")
+            t = threading.Thread(target=self._work, args=(loader, info, self._queues[w], restore["workers"][w] if restore is not None else None),
+                                 daemon=True, name=f"ferrofeed-worker-{w}")
             t.start()
             self._threads.append(t)
 
@@ -708,37 +880,49 @@ class _IterWorkers:
                 continue
         return False
 
-    def _work(self, loader: DataLoader, info: Any, q: queue.Queue) -> None:
+    def _work(self, loader: DataLoader, info: Any, q: queue.Queue, restore: Optional[Dict[str, Any]]) -> None:
         try:
-            for batch in _iterable_batches(loader, info.dataset, info):
-                if not self._put(q, (None, batch)):
+            for batch, st in _iterable_batches(loader, info.dataset, info, restore):
+                if not self._put(q, (None, batch, st)):
                     return
         except BaseException as e:  # handed to the consumer with the worker named
             e.args = (f"{e.args[0] if e.args else ''} (in DataLoader worker thread {info.id})",) + tuple(e.args[1:])
-            self._put(q, (e, None))
+            self._put(q, (e, None, None))
             return
         finally:
             _infos.pop(threading.get_ident(), None)
-        self._put(q, (_DONE, None))
+        self._put(q, (_DONE, None, None))
+
+    def _note(self) -> None:
+        if any(st is not None for st in self._states):
+            self._loader._iter_state = {"workers": list(self._states), "done": list(self._done), "next": self._next}
 
     def __iter__(self) -> Iterator[Any]:
-        live = list(range(len(self._queues)))
-        while live:
-            for w in list(live):
-                deadline = None if self._timeout is None else time.monotonic() + self._timeout
-                while True:
-                    try:
-                        err, batch = self._queues[w].get(timeout=0.05)
-                        break
-                    except queue.Empty:
-                        if deadline is not None and time.monotonic() > deadline:
-                            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-                if err is _DONE:
-                    live.remove(w)
-                    continue
-                if err is not None:
-                    raise err
-                yield batch
+        n = len(self._queues)
+        while not all(self._done):
+            w = self._next
+            if self._done[w]:
+                self._next = (w + 1) % n
+                continue
+            deadline = None if self._timeout is None else time.monotonic() + self._timeout
+            while True:
+                try:
+                    err, batch, st = self._queues[w].get(timeout=0.05)
+                    break
+                except queue.Empty:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            self._next = (w + 1) % n
+            if err is _DONE:
+                self._done[w] = True
+                self._note()
+                continue
+            if err is not None:
+                raise err
+            if st is not None:
+                self._states[w] = st
+            self._note()
+            yield batch
 
     def close(self) -> None:
         self._stop.set()

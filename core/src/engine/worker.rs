@@ -323,6 +323,14 @@ impl Worker {
             let next = run.consumer_next.load(Ordering::Acquire);
             let next_part = run.consumer_parts.load(Ordering::Acquire);
             let need = shared.task_bytes(rows);
+            if need.is_none() && !shared.cfg.scheduling.ordered {
+                // Unordered, the consumer takes whichever task ends first:
+                // until one is measured each worker runs one task (as a
+                // process pool runs one per worker), so a slow first sample
+                // holds back no other worker.
+                lease = Some(budget.lease(0));
+                return true;
+            }
             if major < next || (major == next && part <= next_part) {
                 let go = match need {
                     None => true,

@@ -19,9 +19,14 @@ use crate::table::Table;
 impl Worker {
     /// Batches to claim next: about [`TARGET_TASK_NS`] of work, at least
     /// `min_task_samples` samples, and at most a quarter of the byte budget
-    /// per worker.
+    /// per worker. Unordered, one: each batch is yielded when it is ready,
+    /// so a slow sample holds back no other batch.
     pub(crate) fn next_chunk(&mut self, plan: &EpochPlan) -> usize {
         let cfg = &self.shared.cfg;
+        if !cfg.scheduling.ordered {
+            self.chunk = 1;
+            return 1;
+        }
         let nb = plan.num_batches().max(1);
         let mean_batch = (plan.indices.len() / nb).max(1);
         let floor = cfg.scheduling.min_task_samples.div_ceil(mean_batch).max(1);
@@ -64,7 +69,10 @@ impl Worker {
             }
             let b1 = (b0 + k).min(nb);
             let rows = plan.offsets[b1 as usize] - plan.offsets[b0 as usize];
-            let Some(mut lease) = self.admit(run, (b0, 0), Some(shared.window * k), rows) else {
+            // Unordered, no batch waits for an earlier one, so none is kept
+            // within a window of the lowest unfinished one.
+            let window = shared.cfg.scheduling.ordered.then_some(shared.window * k);
+            let Some(mut lease) = self.admit(run, (b0, 0), window, rows) else {
                 return;
             };
             self.meter_begin();
