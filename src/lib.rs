@@ -23,10 +23,14 @@ pub use ferrofeed_text as text;
 pub use ferrofeed_vision as vision;
 
 /// The built-in domain jobs behind the `ferrofeed` command and the Python
-/// package: each domain's settings (defined once, as the command's flags),
-/// the pipeline they build, and the run loop.
-#[cfg(all(feature = "vision", feature = "text", feature = "audio"))]
-pub mod jobs;
+/// package: each domain's typed settings, the pipeline they build, and the
+/// epoch loop.
+#[cfg(feature = "jobs")]
+pub use ferrofeed_jobs as jobs;
+
+/// The `ferrofeed` command.
+#[cfg(feature = "jobs")]
+pub mod cli;
 
 /// This release of ferrofeed.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -31,5 +31,5 @@ fn main() {
     // without the flag keeps its default.
     // SAFETY: a plain prctl on this process, before any worker thread starts.
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    std::process::exit(ferrofeed::jobs::main());
+    std::process::exit(ferrofeed::cli::main());
 }

@@ -154,6 +154,27 @@ impl std::str::FromStr for ErrorPolicy {
     }
 }
 
+impl fmt::Display for ErrorPolicy {
+    /// As [`FromStr`](std::str::FromStr) reads it: `fail`, `skip`,
+    /// `retry:N` or `retry:N:skip`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorPolicy::Fail => f.write_str("fail"),
+            ErrorPolicy::Skip => f.write_str("skip"),
+            ErrorPolicy::Retry {
+                attempts,
+                then: RetryThen::Fail,
+                ..
+            } => write!(f, "retry:{attempts}"),
+            ErrorPolicy::Retry {
+                attempts,
+                then: RetryThen::Skip,
+                ..
+            } => write!(f, "retry:{attempts}:skip"),
+        }
+    }
+}
+
 /// The most retries `retry:N` may ask for.
 pub const MAX_RETRIES: u32 = 12;
 

@@ -70,6 +70,16 @@ impl std::str::FromStr for Parallelism {
     }
 }
 
+impl std::fmt::Display for Parallelism {
+    /// As [`FromStr`](std::str::FromStr) reads it: `auto` or the count.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Parallelism::Auto => f.write_str("auto"),
+            Parallelism::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// What a stage knows about the sample it is processing.
 pub struct StageCtx<'a> {
     pub(crate) index: u64,

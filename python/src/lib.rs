@@ -1,6 +1,6 @@
 //! The `ferrofeed._ferrofeed` extension module: ferrofeed's domain jobs as
-//! Python loaders. The options are the command's flags, read through the
-//! library's one layer ([`ferrofeed::jobs`]); an epoch runs on a driver
+//! Python loaders. The keywords go straight into each domain's typed
+//! settings ([`ferrofeed_jobs::keywords`]); an epoch runs on a driver
 //! thread that hands batches over a one-slot channel, so the interpreter
 //! waits for a batch with the GIL released and still sees Ctrl-C.
 //!
@@ -73,7 +73,7 @@ fn _ferrofeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0) };
     no_huge_pages_under(&*probe as *const u64 as usize);
     drop(probe);
-    m.add("__version__", ferrofeed::VERSION)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<array::Array>()?;
     m.add_class::<loader::Loader>()?;
     m.add_class::<dropin::MapRunner>()?;

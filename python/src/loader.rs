@@ -7,32 +7,32 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferrofeed::jobs::{self, BuildError, CliError, EpochEntry, FlagKind, Job, Report, RunFigures};
+use std::ops::ControlFlow;
+
 use ferrofeed_core::{Batch, ErrorKind, PipelineState, SampleError, StopHandle, Tensor};
+use ferrofeed_jobs::keywords::{self, KeywordError};
+use ferrofeed_jobs::{Job, JobError, Pin, Report, RunFigures};
 use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::array::Array;
 
-/// Options the package takes beyond the command's flags.
-const OWN: [&str; 3] = ["output", "pin_memory", "device"];
-
-/// Flags of the command's run loop that a loader has no use for.
+/// Settings of the command's run loop that a loader has no use for.
 const RUN_LOOP_ONLY: [&str; 1] = ["dump"];
 
-/// The long flags of `domain` a loader takes (as keywords) and whether each
-/// takes a value.
+/// The keywords `domain`'s loader takes (its settings' fields) and whether
+/// each takes a value.
 #[pyfunction]
 pub fn flags(domain: &str) -> PyResult<Vec<(String, bool)>> {
-    let f = jobs::flags(domain).ok_or_else(|| {
+    let f = keywords::keywords(domain).ok_or_else(|| {
         PyValueError::new_err(format!(
             "domain: {domain:?} is not one of vision, text, audio"
         ))
     })?;
     Ok(f.into_iter()
-        .map(|(n, k)| (n.replace('-', "_"), k == FlagKind::Value))
-        .filter(|(n, _)| !RUN_LOOP_ONLY.contains(&n.as_str()))
+        .filter(|(n, _)| !RUN_LOOP_ONLY.contains(n))
+        .map(|(n, v)| (n.to_string(), v))
         .collect())
 }
 
@@ -103,27 +103,49 @@ fn forked(pid: u32) -> PyErr {
     ))
 }
 
-/// The Python value of a keyword as a flag's text.
-fn flag_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
+/// A keyword's Python value as the JSON value its setting reads: a bool,
+/// number, text, path (as text), `None` (the default) or a list of them.
+fn json_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    use serde_json::Value;
+    if v.is_none() {
+        return Ok(Value::Null);
+    }
     if v.is_instance_of::<PyBool>() {
-        return Ok(if v.extract::<bool>()? {
-            "true"
-        } else {
-            "false"
-        }
-        .into());
+        return Ok(Value::Bool(v.extract()?));
     }
     if v.is_instance_of::<PyInt>() {
-        return Ok(v.extract::<i128>()?.to_string());
+        if let Ok(n) = v.extract::<u64>() {
+            return Ok(Value::from(n));
+        }
+        if let Ok(n) = v.extract::<i64>() {
+            return Ok(Value::from(n));
+        }
+        return Err(PyValueError::new_err(format!(
+            "{key}: {} is out of range",
+            v.repr()?
+        )));
     }
     if v.is_instance_of::<PyFloat>() {
-        return Ok(v.extract::<f64>()?.to_string());
+        let f: f64 = v.extract()?;
+        return serde_json::Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| PyValueError::new_err(format!("{key}: {f} is not a finite number")));
     }
     if v.is_instance_of::<PyString>() {
-        return v.extract::<String>();
+        return Ok(Value::String(v.extract()?));
     }
     if v.hasattr("__fspath__")? {
-        return v.call_method0("__fspath__")?.extract::<String>();
+        return Ok(Value::String(
+            v.call_method0("__fspath__")?.extract::<String>()?,
+        ));
+    }
+    if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+        let items: Vec<Bound<'_, PyAny>> = v.try_iter()?.collect::<PyResult<_>>()?;
+        return items
+            .iter()
+            .map(|x| json_value(key, x))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Value::Array);
     }
     Err(PyTypeError::new_err(format!(
         "{key}: expected a str, int, float, bool or path, got {}",
@@ -131,28 +153,46 @@ fn flag_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
     )))
 }
 
-fn keyword(flag: &str) -> String {
-    flag.trim_start_matches('-').replace('-', "_")
+/// A path given as `str` or `os.PathLike`.
+fn path_value(v: &Bound<'_, PyAny>) -> PyResult<String> {
+    if v.is_instance_of::<PyString>() {
+        return v.extract();
+    }
+    if v.hasattr("__fspath__")? {
+        return v.call_method0("__fspath__")?.extract();
+    }
+    Err(PyTypeError::new_err(format!(
+        "path: expected a str or path, got {}",
+        v.get_type().name()?
+    )))
 }
 
-fn build_error(e: BuildError) -> PyErr {
+fn keyword_error(e: KeywordError) -> PyErr {
     match e {
-        BuildError::Domain(d) => {
+        KeywordError::Domain(d) => {
             PyValueError::new_err(format!("domain: {d:?} is not one of vision, text, audio"))
         }
-        BuildError::Unknown { domain, flag } => PyTypeError::new_err(format!(
-            "{domain}() got an unexpected keyword argument '{}'",
-            keyword(&flag)
-        )),
-        BuildError::Value { flag, message } => {
-            PyValueError::new_err(format!("{}: {}", keyword(&flag), message))
-        }
-        BuildError::Job(CliError::Io { path, source })
-            if source.kind() == std::io::ErrorKind::NotFound =>
+        // Text where a number goes (`batch_size="64"`) is a bad value, as
+        // torch's DataLoader has it; anything else of the wrong type (a
+        // list, text for a switch) a TypeError.
+        KeywordError::Type { message, key }
+            if message.starts_with("invalid type: string") && !message.contains("boolean") =>
         {
+            PyValueError::new_err(format!("{key}: {message}"))
+        }
+        e @ (KeywordError::Unknown { .. } | KeywordError::Type { .. }) => {
+            PyTypeError::new_err(e.to_string())
+        }
+        e @ KeywordError::Value { .. } => PyValueError::new_err(e.to_string()),
+    }
+}
+
+fn job_error(e: JobError) -> PyErr {
+    match e {
+        JobError::Io { path, source } if source.kind() == std::io::ErrorKind::NotFound => {
             PyFileNotFoundError::new_err(format!("{}: {source}", path.display()))
         }
-        BuildError::Job(e) => PyValueError::new_err(e.to_string()),
+        e => PyValueError::new_err(e.to_string()),
     }
 }
 
@@ -184,16 +224,15 @@ impl Loader {
         path: Option<Bound<'_, PyAny>>,
         options: Option<Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let known = jobs::flags(domain).ok_or_else(|| {
-            PyValueError::new_err(format!(
+        if keywords::keywords(domain).is_none() {
+            return Err(PyValueError::new_err(format!(
                 "domain: {domain:?} is not one of vision, text, audio"
-            ))
-        })?;
-        let numeric = jobs::numeric_flags(domain).unwrap_or_default();
+            )));
+        }
         let path = match &path {
             None => None,
             Some(p) if p.is_none() => None,
-            Some(p) => Some(flag_value("path", p)?),
+            Some(p) => Some(path_value(p)?),
         };
         if let Some(p) = &path {
             if !p.contains("://") && !std::path::Path::new(p).exists() {
@@ -202,132 +241,97 @@ impl Loader {
                 )));
             }
         }
-        let mut args: Vec<String> = Vec::new();
+        let mut kw = serde_json::Map::new();
         let mut output = None;
         let mut device = None;
-        let mut pin: Option<String> = None;
-        let mut quiet = true;
+        let mut pin: Option<Pin> = None;
         if let Some(opts) = &options {
             for (k, v) in opts.iter() {
                 let key: String = k
                     .extract()
                     .map_err(|_| PyTypeError::new_err("option names must be strings"))?;
-                if OWN.contains(&key.as_str()) {
-                    match key.as_str() {
-                        "output" => {
-                            let o: String = v.extract().map_err(|_| {
-                                PyTypeError::new_err("output: expected \"torch\" or \"numpy\"")
+                match key.as_str() {
+                    "output" => {
+                        let o: String = v.extract().map_err(|_| {
+                            PyTypeError::new_err("output: expected \"torch\" or \"numpy\"")
+                        })?;
+                        output = Some(match o.as_str() {
+                            "torch" => Output::Torch,
+                            "numpy" => Output::Numpy,
+                            _ => {
+                                return Err(PyValueError::new_err(format!(
+                                    "output: {o:?} is not \"torch\" or \"numpy\""
+                                )))
+                            }
+                        });
+                    }
+                    "device" => {
+                        if !v.is_none() {
+                            let d: String = v.extract().map_err(|_| {
+                                PyTypeError::new_err(
+                                    "device: expected None, \"cuda\" or \"cuda:N\"",
+                                )
                             })?;
-                            output = Some(match o.as_str() {
-                                "torch" => Output::Torch,
-                                "numpy" => Output::Numpy,
-                                _ => {
+                            let ok = d == "cuda"
+                                || d.strip_prefix("cuda:")
+                                    .is_some_and(|n| n.parse::<u32>().is_ok());
+                            if !ok {
+                                return Err(PyValueError::new_err(format!(
+                                    "device: {d:?} is not \"cuda\" or \"cuda:N\""
+                                )));
+                            }
+                            device = Some(d);
+                        }
+                    }
+                    "pin_memory" => {
+                        pin = Some(if v.is_instance_of::<PyBool>() {
+                            if v.extract::<bool>()? {
+                                Pin::Auto
+                            } else {
+                                Pin::Off
+                            }
+                        } else if v.is_instance_of::<PyString>() {
+                            match v.extract::<String>()?.as_str() {
+                                "auto" => Pin::Auto,
+                                other => {
                                     return Err(PyValueError::new_err(format!(
-                                        "output: {o:?} is not \"torch\" or \"numpy\""
+                                        "pin_memory: {other:?} is not \"auto\", True or False"
                                     )))
                                 }
-                            });
-                        }
-                        "device" => {
-                            if !v.is_none() {
-                                let d: String = v.extract().map_err(|_| {
-                                    PyTypeError::new_err(
-                                        "device: expected None, \"cuda\" or \"cuda:N\"",
-                                    )
-                                })?;
-                                let ok = d == "cuda"
-                                    || d.strip_prefix("cuda:")
-                                        .is_some_and(|n| n.parse::<u32>().is_ok());
-                                if !ok {
-                                    return Err(PyValueError::new_err(format!(
-                                        "device: {d:?} is not \"cuda\" or \"cuda:N\""
-                                    )));
-                                }
-                                device = Some(d);
                             }
-                        }
-                        _ => {
-                            pin = Some(if v.is_instance_of::<PyBool>() {
-                                if v.extract::<bool>()? { "auto" } else { "off" }.to_string()
-                            } else if v.is_instance_of::<PyString>() {
-                                match v.extract::<String>()?.as_str() {
-                                    "auto" => "auto".to_string(),
-                                    other => {
-                                        return Err(PyValueError::new_err(format!(
-                                            "pin_memory: {other:?} is not \"auto\", True or False"
-                                        )))
-                                    }
-                                }
-                            } else {
-                                return Err(PyTypeError::new_err(format!(
-                                    "pin_memory: expected \"auto\", True or False, got {}",
-                                    v.get_type().name()?
-                                )));
-                            });
-                        }
-                    }
-                    continue;
-                }
-                let flag = key.replace('_', "-");
-                let Some((_, kind)) = known.iter().find(|(n, _)| *n == flag) else {
-                    return Err(PyTypeError::new_err(format!(
-                        "{domain}() got an unexpected keyword argument '{key}'"
-                    )));
-                };
-                if RUN_LOOP_ONLY.contains(&key.as_str()) {
-                    return Err(PyValueError::new_err(format!(
-                        "{key}: a setting of the command's run loop; a loader runs one epoch per iteration (use loader.epoch(e)) and hands batches to you"
-                    )));
-                }
-                match kind {
-                    FlagKind::Switch => {
-                        if !v.is_instance_of::<PyBool>() {
+                        } else {
                             return Err(PyTypeError::new_err(format!(
-                                "{key}: expected True or False, got {}",
+                                "pin_memory: expected \"auto\", True or False, got {}",
                                 v.get_type().name()?
                             )));
-                        }
-                        let on = v.extract::<bool>()?;
-                        if key == "quiet" {
-                            quiet = on;
-                        } else if on {
-                            args.push(format!("--{flag}"));
-                        }
+                        });
                     }
-                    FlagKind::Value => {
-                        if v.is_none() {
-                            continue;
-                        }
-                        // A number given as text (`batch_size="64"`) is
-                        // refused, as torch's DataLoader does.
-                        if numeric.contains(&flag) && v.is_instance_of::<PyString>() {
-                            return Err(PyValueError::new_err(format!(
-                                "{key}: expected a number, got str {}",
-                                v.repr()?
-                            )));
-                        }
-                        // One argument, so a negative value is not read
-                        // as a flag.
-                        args.push(format!("--{flag}={}", flag_value(&key, &v)?));
+                    k if RUN_LOOP_ONLY.contains(&k) => {
+                        return Err(PyValueError::new_err(format!(
+                            "{key}: a setting of the command's run loop; a loader runs one epoch per iteration (use loader.epoch(e)) and hands batches to you"
+                        )));
+                    }
+                    _ => {
+                        let value = json_value(&key, &v)?;
+                        kw.insert(key, value);
                     }
                 }
             }
         }
-        if quiet {
-            args.push("--quiet".into());
+        let mut settings =
+            keywords::from_keywords(domain, path.map(Into::into), &kw).map_err(keyword_error)?;
+        let common = settings.common_mut();
+        if !kw.contains_key("quiet") {
+            common.quiet = true;
         }
         // A loader runs as many epochs as it is iterated: unless told how
         // many are planned, the job is set up for more than one (vision's
         // scan index pays from the second epoch on).
-        if !args.iter().any(|a| a.starts_with("--epochs=")) {
-            args.push("--epochs".into());
-            args.push(u64::MAX.to_string());
+        if !kw.contains_key("epochs") {
+            common.epochs = u64::MAX;
         }
         if let Some(p) = pin {
-            if known.iter().any(|(n, _)| n == "pin") {
-                args.push("--pin".into());
-                args.push(p);
-            }
+            settings.set_pin(p);
         }
         let output = match output {
             Some(Output::Torch) if !torch_available(py) => {
@@ -357,10 +361,7 @@ impl Loader {
                 )));
             }
         }
-        let domain_s = domain.to_string();
-        let job = py
-            .detach(move || jobs::build(&domain_s, path.as_deref(), &args))
-            .map_err(build_error)?;
+        let job = py.detach(move || settings.build()).map_err(job_error)?;
         let mut pending = None;
         if let Some(file) = &job.common.resume {
             if !file.exists() {
@@ -646,28 +647,16 @@ impl Loader {
         Ok(d.unbind())
     }
 
-    /// After an epoch: `save_state`, `report_json` and `trace` files, when
-    /// those options were given.
+    /// After an epoch: the `save_state`, `report_json`, `report_html` and
+    /// `trace` files, when those options were given.
     fn write_files(&self) -> PyResult<()> {
-        let c = &self.job.common;
-        let io = |what: &str, p: &std::path::Path, e: std::io::Error| {
-            PyRuntimeError::new_err(format!("{what}: {}: {e}", p.display()))
-        };
-        if let Some(p) = &c.save_state {
-            std::fs::write(p, self.state.to_json()).map_err(|e| io("save_state", p, e))?;
+        match &self.report {
+            Some(r) => self
+                .job
+                .write_outputs(r, &self.state)
+                .map_err(|e| PyRuntimeError::new_err(e.to_string())),
+            None => Ok(()),
         }
-        if let (Some(p), Some(r)) = (&c.report_json, &self.report) {
-            let json = serde_json::to_string(r).unwrap_or_default();
-            std::fs::write(p, json).map_err(|e| io("report_json", p, e))?;
-        }
-        if let (Some(p), Some(r)) = (&c.report_html, &self.report) {
-            std::fs::write(p, self.job.report_page(r).render())
-                .map_err(|e| io("report_html", p, e))?;
-        }
-        if let (Some(p), Some(json)) = (&c.trace, self.job.pipeline.trace_json()) {
-            std::fs::write(p, json).map_err(|e| io("trace", p, e))?;
-        }
-        Ok(())
     }
 }
 
@@ -681,57 +670,67 @@ fn drive(
     limit: Option<u64>,
     tx: &flume::Sender<Msg>,
 ) {
-    let p = &job.pipeline;
-    p.reset_metrics();
+    job.pipeline.reset_metrics();
+    // `limit_batches=0` delivers nothing.
+    if limit == Some(0) {
+        let state = resume.unwrap_or_else(|| job.pipeline.epoch_state_start(epoch));
+        let _ = tx.send(Msg::End(
+            Box::new(job.report(RunFigures::default())),
+            Box::new(state),
+            false,
+        ));
+        return;
+    }
+    let mut batches = 0u64;
+    let mut gone = false;
     // A loader may always be iterated again: remote data reads ahead into
     // the next epoch.
-    (job.epoch_start)(p, epoch, true);
-    let mut it = match &resume {
-        Some(s) => match p.resume(s) {
-            Ok(it) => it,
-            Err(e) => {
-                let err = SampleError {
-                    index: None,
-                    path: None,
-                    stage: "resume".into(),
-                    kind: ErrorKind::Failed(e.to_string()),
-                    attempts: 1,
-                };
-                let _ = tx.send(Msg::Error(Box::new(err), Box::new(s.clone())));
-                return;
-            }
-        },
-        None => p.epoch(epoch),
-    };
-    let mut batches = 0u64;
-    // `limit_batches=0` delivers nothing.
-    while limit.is_none_or(|l| batches < l) {
-        let Some(item) = it.next() else { break };
+    let done = job.run_epoch(epoch, resume.as_ref(), true, |item, it| {
         let msg = match item {
             Ok(b) => Msg::Batch(Box::new(b), Box::new(it.state())),
-            Err(e) => Msg::Error(Box::new(job.shown_error(e)), Box::new(it.state())),
+            Err(e) => Msg::Error(Box::new(e), Box::new(it.state())),
         };
         if tx.send(msg).is_err() {
-            return;
+            gone = true;
+            return Ok(ControlFlow::Break(()));
         }
         batches += 1;
+        Ok(if limit.is_some_and(|l| batches >= l) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        })
+    });
+    if gone {
+        return;
     }
-    let s = it.summary().clone();
-    let state = it.state();
-    drop(it);
-    (job.epoch_end)(epoch);
+    let done = match done {
+        Ok(d) => d,
+        Err(e) => {
+            let err = SampleError {
+                index: None,
+                path: None,
+                stage: "resume".into(),
+                kind: ErrorKind::Failed(e.to_string()),
+                attempts: 1,
+            };
+            let state = resume.unwrap_or_else(|| job.pipeline.epoch_state_start(epoch));
+            let _ = tx.send(Msg::Error(Box::new(err), Box::new(state)));
+            return;
+        }
+    };
+    let s = &done.summary;
     let report = job.report(RunFigures {
         samples: s.samples,
         batches: s.batches,
         seconds: s.seconds,
         skipped: s.skipped.clone(),
         stall_seconds: s.wait_seconds,
-        epochs: vec![EpochEntry {
-            epoch,
-            samples: s.samples,
-            seconds: s.seconds,
-            samples_per_s: s.samples as f64 / s.seconds.max(1e-9),
-        }],
+        epochs: vec![done.entry.clone()],
     });
-    let _ = tx.send(Msg::End(Box::new(report), Box::new(state), s.completed));
+    let _ = tx.send(Msg::End(
+        Box::new(report),
+        Box::new(done.state),
+        s.completed,
+    ));
 }

@@ -185,7 +185,7 @@ def test_a_second_thread_iterating_gets_a_clear_error(vision_dir):
 
 
 def test_numbers_given_as_text_and_zero_epochs_are_refused(vision_dir):
-    with pytest.raises(ValueError, match="batch_size: expected a number"):
+    with pytest.raises(ValueError, match="batch_size: invalid type: string"):
         ferrofeed.vision(vision_dir, batch_size="64")
     with pytest.raises(ValueError, match="epochs"):
         ferrofeed.vision(vision_dir, epochs=0)

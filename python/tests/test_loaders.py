@@ -259,7 +259,7 @@ def test_a_corrupt_sample_under_retry_then_fail(corrupt_vision_dir):
         (dict(batch_size="four"), ValueError, "batch_size"),
         (dict(batch_size=0), ValueError, "batch"),
         (dict(batch_size=[4]), TypeError, "batch_size"),
-        (dict(shuffle="maybe"), ValueError, "shuffle"),
+        (dict(shuffle="maybe"), TypeError, "shuffle"),
         (dict(autotune="yes"), TypeError, "autotune"),
         (dict(transform="rotate"), ValueError, "transform"),
         (dict(workers=0), ValueError, "workers"),

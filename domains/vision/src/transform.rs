@@ -158,6 +158,16 @@ impl std::str::FromStr for ResizeTo {
     }
 }
 
+impl std::fmt::Display for ResizeTo {
+    /// As [`FromStr`](std::str::FromStr) reads it: `N` or `HxW`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResizeTo::Shorter(s) => write!(f, "{s}"),
+            ResizeTo::Exact { height, width } => write!(f, "{height}x{width}"),
+        }
+    }
+}
+
 /// torchvision's `CenterCrop(size)` box: `top = int(round((h - size) / 2))`
 /// with Python's `round`, which rounds halves to even (58.5 → 58).
 pub fn center_crop_box(width: u32, height: u32, size: u32) -> CropBox {

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
 use ferrofeed_core::{BoxError, Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
 use ferrofeed_stages::{ImageFolder, ReadFile, ShardOpen, StreamedShards, TarShards};
 use ferrofeed_vision::jpeg::ScanIndex;
@@ -17,11 +16,14 @@ use serde_json::json;
 
 use ferrofeed_stages::remote::{Download, Remote, RemoteFiles, View};
 
-use super::remote::{self, RemoteArgs};
-use super::run::{run as run_epochs, CliError, IndexEntry, Job};
-use super::{CommonArgs, PinArg};
+use crate::job::{IndexEntry, Job, JobError};
+use crate::remote::{self, RemoteSettings};
+use crate::{CommonSettings, Pin};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// What the vision job does after decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
 pub enum TransformArg {
     /// Decode only (all images must share one size).
     None,
@@ -31,35 +33,40 @@ pub enum TransformArg {
     Train,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct VisionOpts {
-    /// What to do after decoding.
-    #[arg(long, value_enum)]
+/// The vision job's own settings (decode, transforms, caches).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default, deny_unknown_fields)]
+pub struct VisionOptions {
+    /// What to do after decoding (default: train; `inspect`: eval).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub transform: Option<TransformArg>,
     /// Output side.
-    #[arg(long, default_value_t = 224)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = VisionOptions::default().size))]
     pub size: u32,
     /// Eval resize: N sets the shorter side (torchvision `Resize(N)`), HxW
     /// the exact height and width (`Resize((H, W))`).
-    #[arg(long, default_value = "256", value_name = "N|HxW")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = VisionOptions::default().resize, value_name = "N|HxW"))]
+    #[serde(deserialize_with = "crate::de::resize")]
     pub resize: ferrofeed_vision::ResizeTo,
     /// Refuse images whose header claims more pixels.
-    #[arg(long, default_value_t = 100_000_000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = VisionOptions::default().max_pixels))]
     pub max_pixels: u64,
     /// WebDataset shards read as a stream: each epoch the shards in a
     /// seeded order, each opened when a worker reaches it (a remote shard
     /// downloaded in that order, decoding starting with the first shard
     /// instead of after the last), samples mixed through a shuffle buffer
     /// of `--shuffle-buffer` samples instead of a global shuffle.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub stream_shards: bool,
     /// With `--stream-shards`: samples mixed at once (0: a quarter of the
     /// byte budget over 256 KiB, at most 1,024).
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = VisionOptions::default().shuffle_buffer, value_name = "N"))]
     pub shuffle_buffer: usize,
     /// Keep decoded images in an LRU cache of this many bytes (e.g. 2GiB), so
     /// later epochs skip decoding.
-    #[arg(long, value_parser = super::parse_size, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse_size, value_name = "SIZE"))]
+    #[serde(deserialize_with = "crate::de::opt_size")]
     pub cache_bytes: Option<usize>,
     /// Keep decoded images on disk in this folder, keyed by the encoded
     /// bytes and the decode settings (for datasets larger than RAM): later
@@ -67,87 +74,96 @@ pub struct VisionOpts {
     /// checked entries, shared by processes; `--cache-bytes` sits in front.
     /// A decoded image weighs ~9× its JPEG: this pays where the disk reads
     /// faster than the decoders make pixels (NVMe, costly decodes).
-    #[arg(long, value_name = "DIR")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub image_cache: Option<PathBuf>,
-    /// Cap on the image cache folder; least recently used entries go.
-    #[arg(long, value_parser = super::parse_size, value_name = "SIZE", default_value = "16GiB")]
+    /// Cap on the image cache folder (bytes, or with a unit: 16GiB); least
+    /// recently used entries go.
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse_size, value_name = "SIZE", default_value_t = VisionOptions::default().image_cache_size))]
+    #[serde(deserialize_with = "crate::de::size")]
     pub image_cache_size: usize,
     /// Byte cap of the scan index (where each JPEG's MCUs start, ~9 KB per
     /// 500×375 image), which from the second epoch on lets a crop decode
     /// only its own part of the image; 0 turns it off. Default: 1/16 of the
     /// memory the process may use (cgroup limits included), at most 1GiB.
     /// Not used with --epochs 1.
-    #[arg(long, value_parser = size_or_zero, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::settings::size_or_zero, value_name = "SIZE"))]
+    #[serde(deserialize_with = "crate::de::opt_size_or_zero")]
     pub scan_index: Option<usize>,
     /// Decode JPEGs with libjpeg's fast integer IDCT and box chroma
     /// upsampling (tf.image's `INTEGER_FAST`, without fancy upsampling):
     /// a few % more images/s, pixels a few levels from the default's.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub fast_decode: bool,
     /// Batch buffers in page-locked memory: `auto` when a CUDA device is
     /// there (else host memory, said once), `strict` (or an error), `off`.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub pin: PinArg,
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = VisionOptions::default().pin))]
+    pub pin: Pin,
 }
 
-/// A size as `parse_size` reads it, or 0 for "off".
-fn size_or_zero(s: &str) -> Result<usize, String> {
-    if s.trim() == "0" {
-        Ok(0)
-    } else {
-        super::parse_size(s)
+impl Default for VisionOptions {
+    fn default() -> Self {
+        VisionOptions {
+            transform: None,
+            size: 224,
+            resize: ferrofeed_vision::ResizeTo::Shorter(256),
+            max_pixels: 100_000_000,
+            stream_shards: false,
+            shuffle_buffer: 0,
+            cache_bytes: None,
+            image_cache: None,
+            image_cache_size: 16 << 30,
+            scan_index: None,
+            fast_decode: false,
+            pin: Pin::Auto,
+        }
     }
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct VisionArgs {
+impl crate::settings::InspectOptions for VisionOptions {}
+
+/// Everything the vision job is built from: the dataset, the vision
+/// settings and the shared ones. `Default` is a bare `ferrofeed`'s run:
+/// the embedded dataset, train transform.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct VisionSettings {
     /// ImageFolder root or folder of WebDataset shards; default: the embedded dataset.
     pub path: Option<PathBuf>,
-    #[command(flatten)]
-    pub vision: VisionOpts,
-    #[command(flatten)]
-    pub common: CommonArgs,
+    /// The vision settings.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub vision: VisionOptions,
+    /// The settings every domain shares.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub common: CommonSettings,
 }
 
-impl VisionArgs {
-    /// The arguments of a bare `ferrofeed`.
-    pub fn default_run() -> Self {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Wrap {
-            #[command(flatten)]
-            a: VisionArgs,
-        }
-        Wrap::parse_from(["ferrofeed"]).a
-    }
-}
-
-#[derive(Args, Debug, Clone)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct InspectArgs {
     /// ImageFolder root or folder of shards; default: the embedded dataset.
     pub path: Option<PathBuf>,
     /// Dataset index of the sample.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub index: u64,
     /// Write a PNG of the image after each stage into this folder.
-    #[arg(long, value_name = "DIR")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub out: Option<PathBuf>,
     /// Epoch (random transforms depend on it).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub epoch: u64,
     /// Seed.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub seed: u64,
-    #[command(flatten)]
-    pub vision: VisionOpts,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub vision: VisionOptions,
 }
 
 /// Size of the embedded default dataset.
 pub const DEFAULT_COUNT: u64 = 2048;
 
 /// The embedded default dataset, generated on first use.
-fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
-    let dir = super::cache_dir().join(format!("vision-synth-v3-seed0-n{DEFAULT_COUNT}"));
+fn default_dataset(quiet: bool) -> Result<PathBuf, JobError> {
+    let dir = crate::cache_dir().join(format!("vision-synth-v3-seed0-n{DEFAULT_COUNT}"));
     if !dir.is_dir() {
         if !quiet {
             eprintln!(
@@ -156,7 +172,7 @@ fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
             );
         }
         synth::write_dataset(&dir, DEFAULT_COUNT, 0, ferrofeed_core::available_cpus())
-            .map_err(CliError::io(&dir))?;
+            .map_err(JobError::io(&dir))?;
     }
     Ok(dir)
 }
@@ -180,7 +196,7 @@ struct Opened {
     view: Option<Arc<View>>,
 }
 
-fn open_dataset(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliError> {
+fn open_dataset(path: &Path, r: &RemoteSettings, stream: bool) -> Result<Opened, JobError> {
     if remote::is_url(path) {
         return open_remote(path, r, stream);
     }
@@ -200,12 +216,12 @@ fn open_dataset(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, Cli
 
 /// Local WebDataset shards for `--stream-shards`: a `.tar` file, or the
 /// `.tar` files of a folder in name order.
-fn open_streamed(path: &Path) -> Result<Dataset, CliError> {
+fn open_streamed(path: &Path) -> Result<Dataset, JobError> {
     let tars: Vec<PathBuf> = if path.is_file() {
         vec![path.to_path_buf()]
     } else {
         let entries = std::fs::read_dir(path)
-            .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+            .map_err(|e| JobError::Usage(format!("{}: {e}", path.display())))?;
         let mut t: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "tar"))
@@ -218,7 +234,7 @@ fn open_streamed(path: &Path) -> Result<Dataset, CliError> {
             .iter()
             .all(|p| p.extension().is_some_and(|e| e == "tar"))
     {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "{}: --stream-shards reads WebDataset shards (.tar files), and there are none",
             path.display()
         )));
@@ -232,13 +248,13 @@ fn open_streamed(path: &Path) -> Result<Dataset, CliError> {
 /// WebDataset shards (every `.tar` object) are downloaded in parallel and
 /// indexed; otherwise the URL is an ImageFolder tree, `<class>/<file>`
 /// under the prefix, read object by object.
-fn open_remote(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliError> {
+fn open_remote(path: &Path, r: &RemoteSettings, stream: bool) -> Result<Opened, JobError> {
     let remote = remote::open(path, r)?;
     let url = remote.url().text.clone();
     let tars = remote::with_extension(&remote, &["tar"]);
     if stream {
         if tars.is_empty() {
-            return Err(CliError::Usage(format!(
+            return Err(JobError::Usage(format!(
                 "{url}: --stream-shards reads WebDataset shards (.tar objects), and there are none"
             )));
         }
@@ -269,10 +285,10 @@ fn open_remote(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliE
             .map(|&i| remote.objects()[i].url.clone())
             .collect();
         let t = TarShards::open(view.paths(), IMAGE_EXTENSIONS)
-            .map_err(|e| CliError::Usage(view.to_url(&e.to_string())))?
+            .map_err(|e| JobError::Usage(view.to_url(&e.to_string())))?
             .with_names(names);
         if t.is_empty() {
-            return Err(CliError::Usage(format!(
+            return Err(JobError::Usage(format!(
                 "{url}: the shards hold no samples"
             )));
         }
@@ -299,7 +315,7 @@ fn open_remote(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliE
         }
     }
     if by_class.is_empty() {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "{url}: no class folders (expected <class>/<file> under the prefix, or .tar shards)"
         )));
     }
@@ -309,7 +325,7 @@ fn open_remote(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliE
         .flat_map(|(label, files)| files.iter().map(move |&i| (i, label as i64)))
         .collect();
     if items.is_empty() {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "{url}: no files with extension {} under the class folders",
             IMAGE_EXTENSIONS.join("/")
         )));
@@ -321,15 +337,15 @@ fn open_remote(path: &Path, r: &RemoteArgs, stream: bool) -> Result<Opened, CliE
     })
 }
 
-fn open_local(path: &Path) -> Result<Dataset, CliError> {
+fn open_local(path: &Path) -> Result<Dataset, JobError> {
     if path.is_file() && path.extension().is_some_and(|e| e == "tar") {
         let shards = vec![path.to_path_buf()];
         let t = TarShards::open(&shards, IMAGE_EXTENSIONS)
-            .map_err(|e| CliError::Usage(e.to_string()))?;
+            .map_err(|e| JobError::Usage(e.to_string()))?;
         return Ok(Dataset::Shards(Arc::new(t)));
     }
     let entries =
-        std::fs::read_dir(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+        std::fs::read_dir(path).map_err(|e| JobError::Usage(format!("{}: {e}", path.display())))?;
     let mut tars: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "tar"))
@@ -337,9 +353,9 @@ fn open_local(path: &Path) -> Result<Dataset, CliError> {
     if !tars.is_empty() {
         tars.sort();
         let t =
-            TarShards::open(&tars, IMAGE_EXTENSIONS).map_err(|e| CliError::Usage(e.to_string()))?;
+            TarShards::open(&tars, IMAGE_EXTENSIONS).map_err(|e| JobError::Usage(e.to_string()))?;
         if t.is_empty() {
-            return Err(CliError::Usage(format!(
+            return Err(JobError::Usage(format!(
                 "{}: the shards hold no samples",
                 path.display()
             )));
@@ -348,10 +364,10 @@ fn open_local(path: &Path) -> Result<Dataset, CliError> {
     }
     ImageFolder::scan(path, IMAGE_EXTENSIONS)
         .map(Dataset::Folder)
-        .map_err(|e| CliError::Usage(e.to_string()))
+        .map_err(|e| JobError::Usage(e.to_string()))
 }
 
-fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, CliError> {
+fn transform_of(opts: &VisionOptions, default: TransformArg) -> Result<Transform, JobError> {
     let t = match opts.transform.unwrap_or(default) {
         TransformArg::None => Transform::None,
         TransformArg::Eval => Transform::Eval {
@@ -360,13 +376,13 @@ fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, C
         },
         TransformArg::Train => Transform::train(opts.size),
     };
-    t.validate().map_err(CliError::Usage)?;
+    t.validate().map_err(JobError::Usage)?;
     if !matches!(t, Transform::None) {
         // The output size is the user's own number: a huge one is refused
         // like a decompression bomb, not met with an allocation.
         let px = u64::from(opts.size).pow(2);
         if px > opts.max_pixels {
-            return Err(CliError::Usage(format!(
+            return Err(JobError::Usage(format!(
                 "--size {} makes {px}-pixel outputs, over --max-pixels {}",
                 opts.size, opts.max_pixels
             )));
@@ -378,17 +394,17 @@ fn transform_of(opts: &VisionOpts, default: TransformArg) -> Result<Transform, C
 /// The decoder settings the vision flags ask for.
 /// The on-disk image cache the flags ask for.
 fn image_cache(
-    opts: &VisionOpts,
-) -> Result<Option<Arc<ferrofeed_vision::ImageDiskCache>>, CliError> {
+    opts: &VisionOptions,
+) -> Result<Option<Arc<ferrofeed_vision::ImageDiskCache>>, JobError> {
     match &opts.image_cache {
         None => Ok(None),
         Some(dir) => ferrofeed_vision::ImageDiskCache::open(dir, opts.image_cache_size as u64)
             .map(Some)
-            .map_err(|e| CliError::Usage(format!("--image-cache {}: {e}", dir.display()))),
+            .map_err(|e| JobError::Usage(format!("--image-cache {}: {e}", dir.display()))),
     }
 }
 
-fn decode_options(opts: &VisionOpts) -> DecodeOptions {
+fn decode_options(opts: &VisionOptions) -> DecodeOptions {
     DecodeOptions {
         max_pixels: opts.max_pixels,
         fast: opts.fast_decode,
@@ -404,13 +420,13 @@ fn check_batch_bytes(
     size: u32,
     batch: usize,
     memory_bytes: u64,
-) -> Result<(), CliError> {
+) -> Result<(), JobError> {
     if matches!(t, Transform::None) {
         return Ok(());
     }
     let bytes = (batch as u64).saturating_mul(3 * u64::from(size).pow(2));
     if bytes > memory_bytes / 4 {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "a batch of {batch} images at --size {size} is {} MiB, over a quarter of the {} MiB of memory \
              this process may use: lower --size or --batch-size",
             bytes >> 20,
@@ -442,7 +458,7 @@ fn builder_for(ds: &Dataset, stage: DecodeTransform, workers: Parallelism) -> Pi
     }
 }
 
-fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
+fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, JobError> {
     Ok(match ds {
         Dataset::Folder(f) => f
             .files()
@@ -491,12 +507,9 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, CliError> {
     })
 }
 
-pub fn run(a: VisionArgs) -> Result<(), CliError> {
-    run_epochs(&build(a)?)
-}
-
-/// The vision job the flags describe.
-pub fn build(a: VisionArgs) -> Result<Job, CliError> {
+/// The vision job `a` describes.
+pub fn build(a: VisionSettings) -> Result<Job, JobError> {
+    a.common.check()?;
     a.common.check_outputs()?;
     let path = match &a.path {
         Some(p) => p.clone(),
@@ -504,7 +517,7 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
     };
     let opened = open_dataset(&path, &a.common.remote, a.vision.stream_shards)?;
     if a.vision.shuffle_buffer > 0 && !a.vision.stream_shards {
-        return Err(CliError::Usage(
+        return Err(JobError::Usage(
             "--shuffle-buffer is for --stream-shards (shards read as a stream)".into(),
         ));
     }
@@ -561,7 +574,7 @@ pub fn build(a: VisionArgs) -> Result<Job, CliError> {
         };
         b = b.shuffle_buffer(items);
     }
-    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let pipeline = b.build().map_err(|e| JobError::Usage(e.to_string()))?;
     let streamed = matches!(ds, Dataset::Streamed(..));
     // What the dataset is, for the states it saves: its samples' paths and
     // labels (a streamed dataset's shards, which are not read for it).
@@ -703,12 +716,14 @@ fn stage_images(
     out
 }
 
-pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
+/// `inspect vision`: pulls sample `a.index` through every stage and
+/// returns what each made (and, with `out`, the PNGs it wrote).
+pub fn inspect(a: InspectArgs) -> Result<String, JobError> {
     let path = match &a.path {
         Some(p) => p.clone(),
         None => default_dataset(false)?,
     };
-    let opened = open_dataset(&path, &RemoteArgs::defaults(), a.vision.stream_shards)?;
+    let opened = open_dataset(&path, &RemoteSettings::default(), a.vision.stream_shards)?;
     let ds = opened.ds.clone();
     let transform = transform_of(&a.vision, TransformArg::Eval)?;
     let stage = DecodeTransform {
@@ -722,12 +737,12 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
         .seed(a.seed)
         .collate(ferrofeed_vision::collate())
         .build()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+        .map_err(|e| JobError::Usage(e.to_string()))?;
     if let Some(out) = &a.out {
-        std::fs::create_dir_all(out).map_err(CliError::io(out))?;
+        std::fs::create_dir_all(out).map_err(JobError::io(out))?;
     }
     let mut written: Vec<PathBuf> = Vec::new();
-    let mut write_err: Option<CliError> = None;
+    let mut write_err: Option<JobError> = None;
     let report = pipeline.inspect_with(a.index, a.epoch, |stage, table| {
         let (Some(out), Some(img)) = (&a.out, table.get::<Image>(0)) else {
             return;
@@ -742,32 +757,34 @@ pub fn inspect(a: InspectArgs) -> Result<(), CliError> {
         ) {
             Ok(()) => written.push(p),
             Err(e) => {
-                write_err.get_or_insert(CliError::Usage(format!("{}: {e}", p.display())));
+                write_err.get_or_insert(JobError::Usage(format!("{}: {e}", p.display())));
             }
         }
     })?;
     if let Some(e) = write_err {
         return Err(e);
     }
-    print!("{report}");
+    let mut text = report.to_string();
     for p in written {
-        println!("wrote {}", p.display());
+        text.push_str(&format!("wrote {}\n", p.display()));
     }
-    Ok(())
+    Ok(text)
 }
 
 /// `make-dataset vision`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct MakeVisionArgs {
-    #[command(flatten)]
-    pub common: super::MakeArgs,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub common: crate::MakeArgs,
     /// Resample every image to exactly WxH (e.g. 6000x4000 for camera-sized
     /// photos); default: about 500×375, varying.
-    #[arg(long, value_name = "WxH", value_parser = parse_image_size)]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "WxH", value_parser = parse_image_size))]
     pub image_size: Option<(u32, u32)>,
 }
 
-fn parse_image_size(s: &str) -> Result<(u32, u32), String> {
+/// `WxH` as `make-dataset vision --image-size` takes it.
+pub fn parse_image_size(s: &str) -> Result<(u32, u32), String> {
     let bad = || format!("{s:?}: expected WxH, e.g. 2400x1800");
     let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
     let (w, h): (u32, u32) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
@@ -779,9 +796,11 @@ fn parse_image_size(s: &str) -> Result<(u32, u32), String> {
     Ok((w, h))
 }
 
-pub fn make_dataset(m: &MakeVisionArgs) -> Result<(), CliError> {
+/// `make-dataset vision`: writes the synthetic ImageFolder tree; returns
+/// what it wrote.
+pub fn make_dataset(m: &MakeVisionArgs) -> Result<String, JobError> {
     let a = &m.common;
-    super::check_count(a.count)?;
+    crate::settings::check_count(a.count)?;
     let t = std::time::Instant::now();
     synth::write_dataset_sized(
         &a.dir,
@@ -790,13 +809,12 @@ pub fn make_dataset(m: &MakeVisionArgs) -> Result<(), CliError> {
         ferrofeed_core::available_cpus(),
         m.image_size,
     )
-    .map_err(CliError::io(&a.dir))?;
-    println!(
+    .map_err(JobError::io(&a.dir))?;
+    Ok(format!(
         "wrote {} images in {} classes to {} in {:.1} s",
         a.count,
         synth::CLASSES,
         a.dir.display(),
         t.elapsed().as_secs_f64()
-    );
-    Ok(())
+    ))
 }

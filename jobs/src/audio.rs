@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
 use ferrofeed_audio::{
     synth, AudioFiles, Augment, CachedFeatures, DecodeOptions, FeatureCache, FeatureCollate,
     FeatureConfig, FeatureKind, FeatureStage, NonFinite, StreamOptions,
@@ -17,9 +16,11 @@ use ferrofeed_core::STREAM_POSITION_BITS;
 use ferrofeed_core::{Batch, Parallelism, Pipeline, StageOptions};
 use serde_json::json;
 
-use super::run::{run as run_epochs, CliError, IndexEntry, Job};
+use crate::job::{IndexEntry, Job, JobError};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
 pub enum FeaturesArg {
     Waveform,
     Spectrogram,
@@ -27,7 +28,9 @@ pub enum FeaturesArg {
     Logmel,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
 pub enum NonFiniteArg {
     /// A file with NaN or infinite samples fails (under --on-error).
     Error,
@@ -35,7 +38,9 @@ pub enum NonFiniteArg {
     Zero,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
 pub enum ChannelsArg {
     /// Average the channels.
     Mono,
@@ -43,128 +48,170 @@ pub enum ChannelsArg {
     Keep,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct AudioOpts {
+/// The audio job's own settings (chunks, features, augmentation, cache).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default, deny_unknown_fields)]
+pub struct AudioOptions {
     /// Batch buffers in page-locked memory: `auto` when a CUDA device is
     /// there (else host memory, said once), `strict` (or an error), `off`.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub pin: super::PinArg,
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = AudioOptions::default().pin))]
+    pub pin: crate::Pin,
     /// Target sample rate; other rates are resampled.
-    #[arg(long, default_value_t = 16000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().sample_rate))]
     pub sample_rate: u32,
     /// Chunk length in seconds; the last chunk is zero-padded.
-    #[arg(long, default_value_t = 10.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().chunk_seconds))]
     pub chunk_seconds: f64,
     /// Seconds shared by consecutive chunks.
-    #[arg(long, default_value_t = 0.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().overlap_seconds))]
     pub overlap_seconds: f64,
     /// Random chunk offsets: each epoch, each file's chunks start at one of
     /// K evenly spaced offsets within a chunk step, drawn from the seed, the
     /// epoch and the file (the samples before it are in no chunk that
     /// epoch); 1: every epoch the same chunks. With `--feature-cache` each
     /// offset has its own entry, so once all K are cached no epoch decodes.
-    #[arg(long, default_value_t = 1, value_name = "K")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().chunk_offsets, value_name = "K"))]
     pub chunk_offsets: u32,
     /// Long files across workers: a WAV or FLAC file of 1 MiB or more
     /// holding at least two segments is read as segments of about S seconds
     /// (whole chunks), each sought to and decoded by any worker; the chunks
     /// equal those of decoding the file whole. 0: each file by one worker.
-    #[arg(long, default_value_t = ferrofeed_audio::DEFAULT_SEGMENT_SECONDS, value_name = "S")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().segment_seconds, value_name = "S"))]
     pub segment_seconds: f64,
     /// Features to compute.
-    #[arg(long, value_enum, default_value = "logmel")]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = AudioOptions::default().features))]
     pub features: FeaturesArg,
     /// FFT size (and Hann window length).
-    #[arg(long, default_value_t = 400)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().n_fft))]
     pub n_fft: usize,
     /// Samples between frames.
-    #[arg(long, default_value_t = 160)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().hop))]
     pub hop: usize,
     /// Mel bands.
-    #[arg(long, default_value_t = 80)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().n_mels))]
     pub n_mels: usize,
     /// NaN or infinite samples in a file.
-    #[arg(long, value_enum, default_value = "error")]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = AudioOptions::default().non_finite))]
     pub non_finite: NonFiniteArg,
     /// Keep each file's chunk features on disk here, keyed by the file
     /// (path, size, mtime, a hash of its bytes) and every setting that shapes them; later epochs
     /// and runs read them instead of decoding.
-    #[arg(long, value_name = "DIR")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub feature_cache: Option<PathBuf>,
     /// Cap on the feature cache folder; least recently used entries go.
-    #[arg(long, value_parser = super::parse_size, value_name = "SIZE", default_value = "8GiB")]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse_size, value_name = "SIZE", default_value_t = AudioOptions::default().feature_cache_size))]
+    #[serde(deserialize_with = "crate::de::size")]
     pub feature_cache_size: usize,
     /// SpecAugment time masks per chunk (after the features, seeded per
     /// sample and epoch).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().time_masks))]
     pub time_masks: usize,
     /// Each time mask is up to this many frames wide (torchaudio's
     /// `time_mask_param`).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().time_mask_width))]
     pub time_mask_width: usize,
     /// SpecAugment frequency masks per chunk.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().freq_masks))]
     pub freq_masks: usize,
     /// Each frequency mask is up to this many bins wide.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().freq_mask_width))]
     pub freq_mask_width: usize,
     /// A random gain per chunk, uniform in ±DB decibels (0: off).
-    #[arg(long, default_value_t = 0.0, value_name = "DB")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().gain_db, value_name = "DB"))]
     pub gain_db: f32,
     /// `mono`: mix channels (features [N, n_mels, frames]); `keep`: one
     /// plane per channel (features [N, channels, n_mels, frames]; a batch
     /// mixing channel counts fails naming the sample).
-    #[arg(long, value_enum, default_value = "mono")]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = AudioOptions::default().channels))]
     pub channels: ChannelsArg,
     /// Files read together, chunk by chunk, so batches mix files and do not
     /// end at every file. `auto`: up to 16, keeping at least eight groups of
     /// files per worker so every worker has files to decode.
-    #[arg(long, default_value = "auto", value_parser = super::parse_workers, value_name = "auto|N")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = AudioOptions::default().interleave, value_name = "auto|N"))]
+    #[serde(deserialize_with = "crate::de::parallelism")]
     pub interleave: Parallelism,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct AudioArgs {
-    /// A folder of audio files (wav, flac, mp3, ogg), recursively; default: the embedded dataset.
-    pub path: Option<PathBuf>,
-    #[command(flatten)]
-    pub audio: AudioOpts,
-    #[command(flatten)]
-    pub common: super::CommonArgs,
+impl Default for AudioOptions {
+    fn default() -> Self {
+        AudioOptions {
+            pin: crate::Pin::Auto,
+            sample_rate: 16000,
+            chunk_seconds: 10.0,
+            overlap_seconds: 0.0,
+            chunk_offsets: 1,
+            segment_seconds: ferrofeed_audio::DEFAULT_SEGMENT_SECONDS,
+            features: FeaturesArg::Logmel,
+            n_fft: 400,
+            hop: 160,
+            n_mels: 80,
+            non_finite: NonFiniteArg::Error,
+            feature_cache: None,
+            feature_cache_size: 8 << 30,
+            time_masks: 0,
+            time_mask_width: 0,
+            freq_masks: 0,
+            freq_mask_width: 0,
+            gain_db: 0.0,
+            channels: ChannelsArg::Mono,
+            interleave: Parallelism::Auto,
+        }
+    }
 }
 
-#[derive(Args, Debug)]
+impl crate::settings::InspectOptions for AudioOptions {}
+
+/// Everything the audio job is built from: the files, the audio settings
+/// and the shared ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct AudioSettings {
+    /// A folder of audio files (wav, flac, mp3, ogg), recursively; default: the embedded dataset.
+    pub path: Option<PathBuf>,
+    /// The audio settings.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub audio: AudioOptions,
+    /// The settings every domain shares.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub common: crate::CommonSettings,
+}
+
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct MakeArgs {
     /// Folder to write.
     pub dir: PathBuf,
     /// Number of files.
-    #[arg(long, default_value_t = 40)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 40))]
     pub count: u64,
     /// Seed of the generator.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub seed: u64,
     /// Shortest file, seconds.
-    #[arg(long, default_value_t = 3.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 3.0))]
     pub min_seconds: f64,
     /// Longest file, seconds.
-    #[arg(long, default_value_t = 30.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 30.0))]
     pub max_seconds: f64,
     /// Also write the three embedded espeak-ng sentences (22.05 kHz mono
     /// FLAC, 4.5–6.7 s) beside the COUNT synthetic files.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub speech: bool,
     /// One sample rate for every file (default: 8, 16, 22.05, 44.1, 48 kHz in turn).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub rate: Option<u32>,
     /// File formats.
-    #[arg(long, value_enum, default_value = "mixed")]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "mixed"))]
     pub format: FormatArg,
     /// Channels of every file (default: every third file stereo).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub channels: Option<usize>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
 pub enum FormatArg {
     /// 16-bit WAV, FLAC and float WAV in turn.
     Mixed,
@@ -177,8 +224,8 @@ pub enum FormatArg {
 /// Files in the embedded default dataset.
 const DEFAULT_COUNT: usize = 40;
 
-fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
-    let dir = super::cache_dir().join(format!("audio-synth-v2-seed0-n{DEFAULT_COUNT}"));
+fn default_dataset(quiet: bool) -> Result<PathBuf, JobError> {
+    let dir = crate::cache_dir().join(format!("audio-synth-v2-seed0-n{DEFAULT_COUNT}"));
     if !dir.join(".complete").exists() {
         if !quiet {
             eprintln!(
@@ -187,10 +234,10 @@ fn default_dataset(quiet: bool) -> Result<PathBuf, CliError> {
                 dir.display()
             );
         }
-        synth::write_dataset(&dir, DEFAULT_COUNT, 0, 3.0..30.0).map_err(CliError::io(&dir))?;
-        synth::write_speech(&dir).map_err(CliError::io(&dir))?;
+        synth::write_dataset(&dir, DEFAULT_COUNT, 0, 3.0..30.0).map_err(JobError::io(&dir))?;
+        synth::write_speech(&dir).map_err(JobError::io(&dir))?;
         let done = dir.join(".complete");
-        std::fs::write(&done, b"").map_err(CliError::io(&done))?;
+        std::fs::write(&done, b"").map_err(JobError::io(&done))?;
     }
     Ok(dir)
 }
@@ -222,10 +269,10 @@ fn auto_interleave(shards: usize, longest: Option<u64>, batch: usize, workers: u
 
 fn open(
     path: &Option<PathBuf>,
-    o: &AudioOpts,
+    o: &AudioOptions,
     quiet: bool,
-    r: &super::remote::RemoteArgs,
-) -> Result<(AudioFiles, Option<super::remote::Localized>), CliError> {
+    r: &crate::remote::RemoteSettings,
+) -> Result<(AudioFiles, Option<crate::remote::Localized>), JobError> {
     let dir = match path {
         Some(p) => p.clone(),
         None => default_dataset(quiet)?,
@@ -244,20 +291,20 @@ fn open(
             },
         },
     };
-    if super::remote::is_url(&dir) {
+    if crate::remote::is_url(&dir) {
         let local =
-            super::remote::localize(&dir, r, ferrofeed_audio::AUDIO_EXTENSIONS, "audio objects")?;
+            crate::remote::localize(&dir, r, ferrofeed_audio::AUDIO_EXTENSIONS, "audio objects")?;
         let files = AudioFiles::from_files(local.view.paths().to_vec(), opts)
-            .map_err(|e| CliError::Usage(e.to_string()))?;
+            .map_err(|e| JobError::Usage(e.to_string()))?;
         return Ok((files, Some(local)));
     }
     AudioFiles::scan(&dir, opts)
         .map(|f| (f, None))
-        .map_err(|e| CliError::Usage(e.to_string()))
+        .map_err(|e| JobError::Usage(e.to_string()))
 }
 
 /// The augmentation the flags ask for, or `None` when they ask for none.
-fn augment(o: &AudioOpts) -> Result<Option<Augment>, CliError> {
+fn augment(o: &AudioOptions) -> Result<Option<Augment>, JobError> {
     let a = Augment {
         time_masks: o.time_masks,
         time_mask_width: o.time_mask_width,
@@ -266,7 +313,7 @@ fn augment(o: &AudioOpts) -> Result<Option<Augment>, CliError> {
         gain_db: o.gain_db,
         kind: kind(o.features),
     };
-    a.validate().map_err(CliError::Usage)?;
+    a.validate().map_err(JobError::Usage)?;
     Ok((!a.is_off()).then_some(a))
 }
 
@@ -289,16 +336,16 @@ fn with_stages(
 }
 
 /// The feature cache the flags ask for.
-fn feature_cache(o: &AudioOpts) -> Result<Option<Arc<FeatureCache>>, CliError> {
+fn feature_cache(o: &AudioOptions) -> Result<Option<Arc<FeatureCache>>, JobError> {
     match &o.feature_cache {
         None => Ok(None),
         Some(dir) => FeatureCache::open(dir, o.feature_cache_size as u64)
             .map(Some)
-            .map_err(|e| CliError::Usage(format!("--feature-cache {}: {e}", dir.display()))),
+            .map_err(|e| JobError::Usage(format!("--feature-cache {}: {e}", dir.display()))),
     }
 }
 
-fn stage(o: &AudioOpts) -> Result<FeatureStage, CliError> {
+fn stage(o: &AudioOptions) -> Result<FeatureStage, JobError> {
     let cfg = FeatureConfig {
         sample_rate: o.sample_rate,
         n_fft: o.n_fft,
@@ -306,7 +353,7 @@ fn stage(o: &AudioOpts) -> Result<FeatureStage, CliError> {
         n_mels: o.n_mels,
         ..FeatureConfig::default()
     };
-    FeatureStage::new(cfg, kind(o.features)).map_err(|e| CliError::Usage(e.to_string()))
+    FeatureStage::new(cfg, kind(o.features)).map_err(|e| JobError::Usage(e.to_string()))
 }
 
 /// `index.json` entries of a delivered batch: one per chunk, with its
@@ -335,13 +382,11 @@ fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
         .collect()
 }
 
-pub fn run(a: AudioArgs) -> Result<(), CliError> {
-    run_epochs(&build(a)?)
-}
-
-/// The audio job the flags describe.
-pub fn build(a: AudioArgs) -> Result<Job, CliError> {
+/// The audio job `a` describes.
+pub fn build(a: AudioSettings) -> Result<Job, JobError> {
     let c = &a.common;
+    c.check()?;
+    crate::settings::check_workers("--interleave", a.audio.interleave)?;
     let resources = ferrofeed_core::Resources::detect();
     for w in &resources.warnings {
         tracing::warn!("{w}: falling back");
@@ -379,7 +424,7 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
         let items = ((budget as f64 / 4.0) / chunk_bytes).clamp(1.0, 256.0) as usize;
         b = b.shuffle_buffer(items);
     }
-    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let pipeline = b.build().map_err(|e| JobError::Usage(e.to_string()))?;
     let index = || Ok(Vec::new());
     let paths = Arc::new(paths);
     let batch_paths = Arc::clone(&paths);
@@ -422,12 +467,14 @@ pub fn build(a: AudioArgs) -> Result<Job, CliError> {
     Ok(job)
 }
 
-pub fn inspect(a: super::InspectArgs<AudioOpts>) -> Result<(), CliError> {
+/// `inspect audio`: pulls chunk `a.index` through every stage and returns
+/// what each made.
+pub fn inspect(a: crate::InspectArgs<AudioOptions>) -> Result<String, JobError> {
     let (files, _local) = open(
         &a.path,
         &a.opts,
         false,
-        &super::remote::RemoteArgs::defaults(),
+        &crate::remote::RemoteSettings::default(),
     )?;
     let stages = (stage(&a.opts)?, augment(&a.opts)?);
     let pipeline = with_stages(
@@ -438,22 +485,24 @@ pub fn inspect(a: super::InspectArgs<AudioOpts>) -> Result<(), CliError> {
     )
     .shuffle(false)
     .collate(FeatureCollate::new());
-    super::print_inspect(pipeline, a.index)
+    crate::settings::inspect_text(pipeline, a.index)
 }
 
-pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
-    super::check_count(a.count)?;
+/// `make-dataset audio`: writes the synthetic audio files; returns what it
+/// wrote.
+pub fn make_dataset(a: &MakeArgs) -> Result<String, JobError> {
+    crate::settings::check_count(a.count)?;
     if !(a.min_seconds > 0.0 && a.max_seconds >= a.min_seconds) {
-        return Err(CliError::Usage(
+        return Err(JobError::Usage(
             "need 0 < --min-seconds ≤ --max-seconds".into(),
         ));
     }
     let t = std::time::Instant::now();
     if a.rate.is_some_and(|r| !(1000..=192_000).contains(&r)) {
-        return Err(CliError::Usage("--rate must be within 1–192 kHz".into()));
+        return Err(JobError::Usage("--rate must be within 1–192 kHz".into()));
     }
     if a.channels.is_some_and(|c| !(1..=8).contains(&c)) {
-        return Err(CliError::Usage("--channels must be 1 to 8".into()));
+        return Err(JobError::Usage("--channels must be 1 to 8".into()));
     }
     let opts = synth::SynthOptions {
         seconds: a.min_seconds..a.max_seconds,
@@ -466,24 +515,23 @@ pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
         channels: a.channels,
     };
     let mut files = synth::write_dataset_with(&a.dir, a.count as usize, a.seed, &opts)
-        .map_err(CliError::io(&a.dir))?;
+        .map_err(JobError::io(&a.dir))?;
     if a.speech {
-        files.extend(synth::write_speech(&a.dir).map_err(CliError::io(&a.dir))?);
+        files.extend(synth::write_speech(&a.dir).map_err(JobError::io(&a.dir))?);
     }
     let bytes: u64 = files
         .iter()
         .filter_map(|p: &PathBuf| std::fs::metadata(Path::new(p)).ok())
         .map(|m| m.len())
         .sum();
-    println!(
+    Ok(format!(
         "wrote {} files ({:.1} MiB: wav 16-bit and float, flac; 8–48 kHz; mono and stereo{}) to {} in {:.1} s",
         files.len(),
         bytes as f64 / (1024.0 * 1024.0),
         if a.speech { "; speech" } else { "" },
         a.dir.display(),
         t.elapsed().as_secs_f64()
-    );
-    Ok(())
+    ))
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ pub struct SkippedEntry {
     pub error: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct EpochEntry {
     pub epoch: u64,
     pub samples: u64,

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::Args;
 use ferrofeed_core::{Parallelism, Pipeline, Source, StageOptions};
 use ferrofeed_text::{
     CacheOptions, CorpusOptions, EmptyLines, PackCollate, PadCollate, PaddingStats, TextCorpus,
@@ -17,71 +16,98 @@ use ferrofeed_text::{
 };
 use serde_json::json;
 
-use super::run::{run as run_epochs, CliError, IndexEntry, Job};
-use super::{CommonArgs, MakeArgs};
+use crate::job::{IndexEntry, Job, JobError};
+use crate::{CommonSettings, MakeArgs};
 
-#[derive(Args, Debug, Clone)]
-pub struct TextOpts {
+/// The text job's own settings (tokenizer, truncation, batching by
+/// tokens, packing).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default, deny_unknown_fields)]
+pub struct TextOptions {
     /// Batch buffers in page-locked memory: `auto` when a CUDA device is
     /// there (else host memory, said once), `strict` (or an error), `off`.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub pin: super::PinArg,
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = TextOptions::default().pin))]
+    pub pin: crate::Pin,
     /// A HuggingFace tokenizer.json; default: the embedded BERT WordPiece.
-    #[arg(long, value_name = "FILE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub tokenizer: Option<PathBuf>,
     /// Truncate to this many tokens (special tokens included).
-    #[arg(long, default_value_t = 512)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = TextOptions::default().max_length))]
     pub max_length: usize,
     /// Length bucketing: at most this many tokens per batch after padding
     /// (N×L ≤ T); replaces --batch-size.
-    #[arg(long, value_name = "T")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "T"))]
     pub max_tokens: Option<usize>,
     /// Pack sequences into rows of --max-length instead of padding.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub pack: bool,
     /// Pad each batch to a multiple of this many tokens (e.g. 8).
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = TextOptions::default().pad_multiple))]
     pub pad_multiple: usize,
     /// The JSON field holding the text in .jsonl files.
-    #[arg(long, default_value = "text")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = TextOptions::default().field))]
     pub field: String,
     /// Replace invalid UTF-8 with U+FFFD instead of failing the sample.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub lossy_utf8: bool,
     /// Keep empty lines as (empty) samples instead of skipping and counting them.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub keep_empty: bool,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct TextArgs {
+impl Default for TextOptions {
+    fn default() -> Self {
+        TextOptions {
+            pin: crate::Pin::Auto,
+            tokenizer: None,
+            max_length: 512,
+            max_tokens: None,
+            pack: false,
+            pad_multiple: 1,
+            field: "text".into(),
+            lossy_utf8: false,
+            keep_empty: false,
+        }
+    }
+}
+
+impl crate::settings::InspectOptions for TextOptions {}
+
+/// Everything the text job is built from: the corpus, the text settings
+/// and the shared ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct TextSettings {
     /// A .txt/.jsonl file or folder of them; default: the embedded corpus.
     pub path: Option<PathBuf>,
-    #[command(flatten)]
-    pub text: TextOpts,
-    #[command(flatten)]
-    pub common: CommonArgs,
+    /// The text settings.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub text: TextOptions,
+    /// The settings every domain shares.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub common: CommonSettings,
 }
 
 /// The embedded corpus, written to the cache folder on first use.
-fn default_corpus() -> Result<PathBuf, CliError> {
-    let dir = super::cache_dir().join("text-corpus-v1");
+fn default_corpus() -> Result<PathBuf, JobError> {
+    let dir = crate::cache_dir().join("text-corpus-v1");
     let path = dir.join("corpus.txt");
     if std::fs::metadata(&path).ok().map(|m| m.len()) != Some(EMBEDDED_CORPUS.len() as u64) {
-        std::fs::create_dir_all(&dir).map_err(CliError::io(&dir))?;
+        std::fs::create_dir_all(&dir).map_err(JobError::io(&dir))?;
         let tmp = dir.join(format!("corpus.txt.tmp{}", std::process::id()));
-        std::fs::write(&tmp, EMBEDDED_CORPUS).map_err(CliError::io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(CliError::io(&path))?;
+        std::fs::write(&tmp, EMBEDDED_CORPUS).map_err(JobError::io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(JobError::io(&path))?;
     }
     Ok(path)
 }
 
 fn open(
     path: &Option<PathBuf>,
-    o: &TextOpts,
+    o: &TextOptions,
     cpus: usize,
-    r: &super::remote::RemoteArgs,
-) -> Result<(TextCorpus, Option<super::remote::Localized>), CliError> {
+    r: &crate::remote::RemoteSettings,
+) -> Result<(TextCorpus, Option<crate::remote::Localized>), JobError> {
     let path = match path {
         Some(p) => p.clone(),
         None => default_corpus()?,
@@ -101,47 +127,44 @@ fn open(
         index_threads: cpus,
         ..CorpusOptions::default()
     };
-    if super::remote::is_url(&path) {
-        let local = super::remote::localize(
+    if crate::remote::is_url(&path) {
+        let local = crate::remote::localize(
             &path,
             r,
             ferrofeed_text::TEXT_EXTENSIONS,
             ".txt or .jsonl objects",
         )?;
         let corpus = TextCorpus::from_files(local.view.paths(), &opts)
-            .map_err(|e| CliError::Usage(local.view.to_url(&e.to_string())))?;
+            .map_err(|e| JobError::Usage(local.view.to_url(&e.to_string())))?;
         if corpus.is_empty() {
-            return Err(CliError::Usage(format!("{}: no samples", path.display())));
+            return Err(JobError::Usage(format!("{}: no samples", path.display())));
         }
         return Ok((corpus, Some(local)));
     }
-    let corpus = TextCorpus::open(&path, &opts).map_err(|e| CliError::Usage(e.to_string()))?;
+    let corpus = TextCorpus::open(&path, &opts).map_err(|e| JobError::Usage(e.to_string()))?;
     if corpus.is_empty() {
-        return Err(CliError::Usage(format!("{}: no samples", path.display())));
+        return Err(JobError::Usage(format!("{}: no samples", path.display())));
     }
     Ok((corpus, None))
 }
 
-fn tokenizer(o: &TextOpts) -> Result<TextTokenizer, CliError> {
+fn tokenizer(o: &TextOptions) -> Result<TextTokenizer, JobError> {
     match &o.tokenizer {
         Some(p) => TextTokenizer::from_file(p, o.max_length),
         None => TextTokenizer::embedded(o.max_length),
     }
-    .map_err(|e| CliError::Usage(e.to_string()))
+    .map_err(|e| JobError::Usage(e.to_string()))
 }
 
-pub fn run(a: TextArgs) -> Result<(), CliError> {
-    run_epochs(&build(a)?)
-}
-
-/// The text job the flags describe.
 /// The largest `--max-tokens` (tokens in one batch after padding).
 const MAX_TOKENS: usize = 1 << 30;
 /// The largest `--pad-multiple`.
 const MAX_PAD_MULTIPLE: usize = 1 << 16;
 
-pub fn build(a: TextArgs) -> Result<Job, CliError> {
+/// The text job `a` describes.
+pub fn build(a: TextSettings) -> Result<Job, JobError> {
     let c = &a.common;
+    c.check()?;
     let o = &a.text;
     let resources = ferrofeed_core::Resources::detect();
     for w in &resources.warnings {
@@ -150,15 +173,15 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
     let cpus = resources.workers();
     // Everything that can be refused is checked before any tokenization.
     if o.max_tokens == Some(0) {
-        return Err(CliError::Usage("--max-tokens must be at least 1".into()));
+        return Err(JobError::Usage("--max-tokens must be at least 1".into()));
     }
     if o.max_tokens.is_some_and(|t| t > MAX_TOKENS) {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "--max-tokens must be at most {MAX_TOKENS}"
         )));
     }
     if o.pad_multiple > MAX_PAD_MULTIPLE {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "--pad-multiple must be at most {MAX_PAD_MULTIPLE}, not {}",
             o.pad_multiple
         )));
@@ -172,13 +195,13 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
         &corpus,
         &tok,
         &CacheOptions {
-            dir: Some(super::cache_dir().join("tokens")),
+            dir: Some(crate::cache_dir().join("tokens")),
             workers: c.workers,
             cpus: Some(cpus),
             on_error: c.on_error,
         },
     )
-    .map_err(|e| CliError::Usage(e.to_string()))?;
+    .map_err(|e| JobError::Usage(e.to_string()))?;
     let tokenize_seconds = t0.elapsed().as_secs_f64();
     if !c.quiet {
         eprintln!(
@@ -215,7 +238,7 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
         let sampler = TokenBudget::new(lengths, t)
             .and_then(|s| s.pad_multiple(o.pad_multiple))
             .and_then(|s| s.packing(o.pack))
-            .map_err(|e| CliError::Usage(e.to_string()))?
+            .map_err(|e| JobError::Usage(e.to_string()))?
             .shuffle(c.shuffle)
             .drop_last(c.drop_last);
         expected_waste = Some(sampler.padding_waste(c.seed, 0));
@@ -237,7 +260,7 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
         b = b.collate(col);
         s
     };
-    let pipeline = b.build().map_err(|e| CliError::Usage(e.to_string()))?;
+    let pipeline = b.build().map_err(|e| JobError::Usage(e.to_string()))?;
     let index_corpus = Arc::clone(&corpus);
     let index = move || {
         let corpus = &index_corpus;
@@ -299,10 +322,12 @@ pub fn build(a: TextArgs) -> Result<Job, CliError> {
     Ok(job)
 }
 
-pub fn inspect(a: super::InspectArgs<TextOpts>) -> Result<(), CliError> {
+/// `inspect text`: pulls sample `a.index` through every stage and returns
+/// what each made.
+pub fn inspect(a: crate::InspectArgs<TextOptions>) -> Result<String, JobError> {
     let o = &a.opts;
     let tok = tokenizer(o)?;
-    let (corpus, _local) = open(&a.path, o, 1, &super::remote::RemoteArgs::defaults())?;
+    let (corpus, _local) = open(&a.path, o, 1, &crate::remote::RemoteSettings::default())?;
     let collate = if o.pack {
         None
     } else {
@@ -317,17 +342,19 @@ pub fn inspect(a: super::InspectArgs<TextOpts>) -> Result<(), CliError> {
         Some(col) => b.collate(col),
         None => b.collate(PackCollate::new(o.max_length, tok.eos_id(), tok.pad_id())),
     };
-    super::print_inspect(b, a.index)
+    crate::settings::inspect_text(b, a.index)
 }
 
-pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
-    super::check_count(a.count)?;
+/// `make-dataset text`: writes lines of the embedded corpus; returns what
+/// it wrote.
+pub fn make_dataset(a: &MakeArgs) -> Result<String, JobError> {
+    crate::settings::check_count(a.count)?;
     let lines: Vec<&str> = std::str::from_utf8(EMBEDDED_CORPUS)
-        .map_err(|e| CliError::Usage(e.to_string()))?
+        .map_err(|e| JobError::Usage(e.to_string()))?
         .lines()
         .filter(|l| !l.trim().is_empty())
         .collect();
-    std::fs::create_dir_all(&a.dir).map_err(CliError::io(&a.dir))?;
+    std::fs::create_dir_all(&a.dir).map_err(JobError::io(&a.dir))?;
     let mut rng =
         ferrofeed_core::rng::sample_rng(ferrofeed_core::rng::derive_seed(&[a.seed, 0x54]));
     const PER_FILE: u64 = 1000;
@@ -350,12 +377,11 @@ pub fn make_dataset(a: &MakeArgs) -> Result<(), CliError> {
             "part-{f:05}.{}",
             if jsonl { "jsonl" } else { "txt" }
         ));
-        std::fs::write(&path, out).map_err(CliError::io(&path))?;
+        std::fs::write(&path, out).map_err(JobError::io(&path))?;
     }
-    println!(
+    Ok(format!(
         "wrote {} lines in {files} files (.txt and .jsonl, field `text`) to {}",
         a.count,
         a.dir.display()
-    );
-    Ok(())
+    ))
 }

@@ -9,49 +9,67 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
 use ferrofeed_core::Parallelism;
 use ferrofeed_stages::remote::{is_remote, Remote, RemoteOptions, RemoteStats, View};
 use serde_json::json;
 
-use super::run::CliError;
+use crate::job::JobError;
 
-/// Flags for datasets given as URLs.
-#[derive(Args, Debug, Clone)]
-pub struct RemoteArgs {
+/// Settings for datasets given as URLs.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteSettings {
     /// Local copy of what was downloaded from a URL dataset (default:
     /// `<cache dir>/remote`); several processes may share it.
-    #[arg(long, value_name = "DIR")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub remote_cache: Option<PathBuf>,
     /// Cap on the --remote-cache folder; least recently used objects are
     /// evicted.
-    #[arg(long, value_parser = super::parse_size, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::parse_size, value_name = "SIZE"))]
+    #[serde(deserialize_with = "crate::de::opt_size")]
     pub remote_cache_size: Option<usize>,
     /// While epoch e runs, download what epoch e+1 reads first.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = RemoteSettings::default().prefetch, action = clap::ArgAction::Set, value_name = "true|false"))]
     pub prefetch: bool,
     /// Parallel downloads: `auto` follows the measured download time and
     /// the rate the pipeline reads objects.
-    #[arg(long, default_value = "auto", value_parser = super::parse_workers, value_name = "auto|N")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = RemoteSettings::default().download_workers, value_name = "auto|N"))]
+    #[serde(deserialize_with = "crate::de::parallelism")]
     pub download_workers: Parallelism,
     /// Attempts after the first before a download is an error.
-    #[arg(long, default_value_t = 5, value_name = "N")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = RemoteSettings::default().remote_retries, value_name = "N"))]
     pub remote_retries: u32,
     /// Seconds a request may receive nothing before it is cut and retried.
-    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = RemoteSettings::default().remote_timeout, value_name = "SECONDS"))]
     pub remote_timeout: f64,
 }
 
-impl RemoteArgs {
-    /// The flags' defaults (for `inspect`, which does not take them).
-    pub fn defaults() -> Self {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Wrap {
-            #[command(flatten)]
-            a: RemoteArgs,
+impl Default for RemoteSettings {
+    fn default() -> Self {
+        RemoteSettings {
+            remote_cache: None,
+            remote_cache_size: None,
+            prefetch: true,
+            download_workers: Parallelism::Auto,
+            remote_retries: 5,
+            remote_timeout: 30.0,
         }
-        Wrap::parse_from(["ferrofeed"]).a
+    }
+}
+
+impl RemoteSettings {
+    /// Refuses a download worker count of 0 and a timeout that is not a
+    /// positive number of seconds.
+    pub fn check(&self) -> Result<(), JobError> {
+        crate::settings::check_workers("--download-workers", self.download_workers)?;
+        if !(self.remote_timeout > 0.0 && self.remote_timeout.is_finite()) {
+            return Err(JobError::Usage(format!(
+                "--remote-timeout {}: must be a positive number of seconds",
+                self.remote_timeout
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -61,10 +79,10 @@ pub fn is_url(path: &Path) -> bool {
 }
 
 /// Lists the remote dataset at `path` under the flags' settings.
-pub fn open(path: &Path, a: &RemoteArgs) -> Result<Arc<Remote>, CliError> {
+pub fn open(path: &Path, a: &RemoteSettings) -> Result<Arc<Remote>, JobError> {
     let url = path.to_str().unwrap_or_default();
     if !(a.remote_timeout > 0.0 && a.remote_timeout.is_finite()) {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "--remote-timeout {}: must be a positive number of seconds",
             a.remote_timeout
         )));
@@ -72,7 +90,7 @@ pub fn open(path: &Path, a: &RemoteArgs) -> Result<Arc<Remote>, CliError> {
     let mut opts = RemoteOptions::new(
         a.remote_cache
             .clone()
-            .unwrap_or_else(|| super::cache_dir().join("remote")),
+            .unwrap_or_else(|| crate::cache_dir().join("remote")),
     );
     opts.cache_bytes = a.remote_cache_size.map(|s| s as u64);
     opts.prefetch = a.prefetch;
@@ -84,7 +102,7 @@ pub fn open(path: &Path, a: &RemoteArgs) -> Result<Arc<Remote>, CliError> {
     opts.stall_timeout = Duration::from_secs_f64(a.remote_timeout);
     Remote::open(url, opts)
         .map(Arc::new)
-        .map_err(|e| CliError::Usage(e.to_string()))
+        .map_err(|e| JobError::Usage(e.to_string()))
 }
 
 /// The objects of `remote` whose names end in one of `exts`.
@@ -105,9 +123,9 @@ pub fn with_extension(remote: &Remote, exts: &[&str]) -> Vec<usize> {
 /// Downloads the objects `which` of `remote` and links them under a local
 /// folder for readers of local files; an empty selection is an error
 /// saying what was looked for.
-pub fn materialize(remote: &Remote, which: &[usize], what: &str) -> Result<Arc<View>, CliError> {
+pub fn materialize(remote: &Remote, which: &[usize], what: &str) -> Result<Arc<View>, JobError> {
     if which.is_empty() {
-        return Err(CliError::Usage(format!(
+        return Err(JobError::Usage(format!(
             "{}: no {what} under this prefix",
             remote.url().text
         )));
@@ -125,7 +143,7 @@ pub fn materialize(remote: &Remote, which: &[usize], what: &str) -> Result<Arc<V
     remote
         .materialize(which)
         .map(Arc::new)
-        .map_err(|e| CliError::Usage(e.to_string()))
+        .map_err(|e| JobError::Usage(e.to_string()))
 }
 
 /// The report's `remote` object.
@@ -155,10 +173,10 @@ pub struct Localized {
 /// domain reads, named `what` in errors) and links them locally.
 pub fn localize(
     path: &Path,
-    r: &RemoteArgs,
+    r: &RemoteSettings,
     exts: &[&str],
     what: &str,
-) -> Result<Localized, CliError> {
+) -> Result<Localized, JobError> {
     let remote = open(path, r)?;
     let which = with_extension(&remote, exts);
     let view = materialize(&remote, &which, what)?;
@@ -168,7 +186,7 @@ pub fn localize(
 impl Localized {
     /// Gives `job` the report's `remote` figures and shows object URLs in
     /// its paths.
-    pub fn attach(self, job: &mut super::Job) {
+    pub fn attach(self, job: &mut crate::Job) {
         job.set_remote(self.remote);
         let view = self.view;
         job.show_path = Some(Arc::new(move |p: &str| view.to_url(p)));
