@@ -507,8 +507,26 @@ fn index_entries(ds: &Dataset) -> Result<Vec<IndexEntry>, JobError> {
     })
 }
 
+/// What follows the decode stage in place of the vision collate (stages of
+/// a front end's own and its collate), given the builder and the batch
+/// buffers the settings ask for.
+pub type Tail = Box<
+    dyn FnOnce(
+            PipelineBuilder,
+            Arc<dyn ferrofeed_core::BufferSource>,
+        ) -> Result<PipelineBuilder, JobError>
+        + Send,
+>;
+
 /// The vision job `a` describes.
 pub fn build(a: VisionSettings) -> Result<Job, JobError> {
+    build_with(a, None)
+}
+
+/// The vision job `a` describes, with `tail` (when given) after the decode
+/// stage instead of the vision collate: the same source, sampler, read and
+/// decode, so the same images reach it.
+pub fn build_with(a: VisionSettings, tail: Option<Tail>) -> Result<Job, JobError> {
     a.common.check()?;
     a.common.check_outputs()?;
     let path = match &a.path {
@@ -556,9 +574,11 @@ pub fn build(a: VisionSettings) -> Result<Job, JobError> {
     let pool = a.vision.pin.pool(c.workers.resolve(cpus), 1)?;
     let disk = stage.disk.clone();
     let run_transform = stage.transform;
-    let mut b = builder_for(&ds, stage, c.workers)
-        .batch_size(c.batch_size)
-        .collate(ferrofeed_vision::collate().buffers(pool));
+    let b = builder_for(&ds, stage, c.workers).batch_size(c.batch_size);
+    let mut b = match tail {
+        None => b.collate(ferrofeed_vision::collate().buffers(pool)),
+        Some(tail) => tail(b, pool)?,
+    };
     if let Dataset::Streamed(t, _) = &ds {
         let shards = t.names().len();
         b = b.interleave((shards / (8 * c.workers.resolve(cpus)).max(1)).clamp(1, 16));

@@ -25,7 +25,18 @@ from ._ferrofeed import Array
 
 __version__: str = _ferrofeed.__version__
 
-__all__ = ["Loader", "SampleError", "Array", "vision", "text", "audio", "options", "__version__"]
+__all__ = [
+    "Loader",
+    "SampleError",
+    "Array",
+    "Pipeline",
+    "source",
+    "vision",
+    "text",
+    "audio",
+    "options",
+    "__version__",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -75,6 +86,15 @@ class Loader:
         # The iterator whose epoch runs now, and the lock `next()` holds.
         self._generation = 0
         self._busy = threading.Lock()
+
+    @classmethod
+    def _wrap(cls, inner: Any) -> "Loader":
+        """A loader over a native loader already made (``Pipeline.build()``)."""
+        self = cls.__new__(cls)
+        self._inner = inner
+        self._generation = 0
+        self._busy = threading.Lock()
+        return self
 
     @property
     def domain(self) -> str:
@@ -193,6 +213,9 @@ class _Epoch:
                 return next(self._it)
             with torch.profiler.record_function("ferrofeed: wait for batch"):
                 return next(self._it)
+
+
+from .pipeline import Pipeline, source  # noqa: E402
 
 
 def _torch() -> Any:

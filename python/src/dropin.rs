@@ -58,7 +58,7 @@ thread_local! {
 /// and deletes it again, so what the dataset keeps in a `threading.local`
 /// (a file handle, a connection, a generator that `worker_init_fn` set up)
 /// would be gone at the next sample.
-fn attach_kept<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
+pub(crate) fn attach_kept<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
     KEPT_STATE.with(|kept| {
         if !kept.get() {
             kept.set(true);

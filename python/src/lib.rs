@@ -8,6 +8,7 @@
 //! Loader(domain, path, options) ─ __iter__ → driver thread: pipeline.epoch(e) ─▶ (batch, state) ─▶ __next__
 //! ```
 mod array;
+mod compose;
 mod dropin;
 mod loader;
 
@@ -78,5 +79,6 @@ fn _ferrofeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::Loader>()?;
     m.add_class::<dropin::MapRunner>()?;
     m.add_function(wrap_pyfunction!(loader::flags, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::setting_names, m)?)?;
     Ok(())
 }

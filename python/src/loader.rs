@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::array::Array;
+use crate::compose::{BatchStages, PyBatch};
 
 /// Settings of the command's run loop that a loader has no use for.
 const RUN_LOOP_ONLY: [&str; 1] = ["dump"];
@@ -34,6 +35,26 @@ pub fn flags(domain: &str) -> PyResult<Vec<(String, bool)>> {
         .filter(|(n, _)| !RUN_LOOP_ONLY.contains(n))
         .map(|(n, v)| (n.to_string(), v))
         .collect())
+}
+
+/// The settings of one group, by name: `"common"` (every domain's),
+/// `"remote"`, or a domain's own (`"vision"`, `"text"`, `"audio"`).
+#[pyfunction]
+pub fn setting_names(group: &str) -> PyResult<Vec<&'static str>> {
+    use keywords::field_names;
+    Ok(match group {
+        "common" => field_names::<ferrofeed_jobs::CommonSettings>(),
+        "remote" => field_names::<ferrofeed_jobs::RemoteSettings>(),
+        "vision" => field_names::<ferrofeed_jobs::vision::VisionOptions>(),
+        "text" => field_names::<ferrofeed_jobs::text::TextOptions>(),
+        "audio" => field_names::<ferrofeed_jobs::audio::AudioOptions>(),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "group: {other:?} is not common, remote, vision, text or audio"
+            )))
+        }
+    }
+    .to_vec())
 }
 
 /// What the driver thread sends: a batch and the state after it, the error
@@ -66,7 +87,7 @@ impl Run {
 
 /// The output kind of a batch.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Output {
+pub(crate) enum Output {
     Torch,
     Numpy,
 }
@@ -75,6 +96,9 @@ enum Output {
 #[pyclass(module = "ferrofeed._ferrofeed")]
 pub struct Loader {
     job: Arc<Job>,
+    extras: Extras,
+    /// What batches become.
+    output: Output,
     /// `torch.from_dlpack` or `numpy.asarray`, looked up once.
     convert: Py<PyAny>,
     /// `"cuda"`/`"cuda:N"`: batches are moved there (non-blocking from
@@ -187,13 +211,38 @@ fn keyword_error(e: KeywordError) -> PyErr {
     }
 }
 
-fn job_error(e: JobError) -> PyErr {
+pub(crate) fn job_error(e: JobError) -> PyErr {
     match e {
         JobError::Io { path, source } if source.kind() == std::io::ErrorKind::NotFound => {
             PyFileNotFoundError::new_err(format!("{}: {source}", path.display()))
         }
+        JobError::Usage(m) => PyValueError::new_err(as_keywords(&m)),
         e => PyValueError::new_err(e.to_string()),
     }
+}
+
+/// A message that names settings as flags (`--batch-size`) with their
+/// keyword names instead (`batch_size`).
+fn as_keywords(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("--") {
+        let (before, flag) = rest.split_at(at);
+        out.push_str(before);
+        let body = &flag[2..];
+        let end = body
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+            .unwrap_or(body.len());
+        if end == 0 || !body.starts_with(|c: char| c.is_ascii_lowercase()) {
+            out.push_str("--");
+            rest = body;
+            continue;
+        }
+        out.push_str(&body[..end].replace('-', "_"));
+        rest = &body[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `ferrofeed.SampleError(message, index, path, stage)`.
@@ -212,9 +261,178 @@ fn torch_available(py: Python<'_>) -> bool {
     py.import("torch").is_ok()
 }
 
+/// What [`parse_options`] read.
+pub(crate) struct Parsed {
+    pub settings: keywords::DomainSettings,
+    pub output: Output,
+    pub device: Option<String>,
+}
+
+/// What a composed pipeline (`ferrofeed.Pipeline`) adds to a loader.
+#[derive(Default)]
+pub(crate) struct Extras {
+    /// Python exceptions by sample, for `SampleError.__cause__`.
+    pub raised: Option<crate::compose::Raised>,
+    /// `.map_batches` stages, run on the driver thread.
+    pub batch_stages: Option<Arc<crate::compose::BatchStages>>,
+    /// Each Python stage's figures, reset with each epoch.
+    pub figures: Vec<Arc<crate::compose::GilFigures>>,
+}
+
+/// A loader's keywords, read: the domain's settings (with the loader's
+/// own defaults: quiet, as many epochs as it is iterated), the output kind
+/// and the device.
+pub(crate) fn parse_options(
+    py: Python<'_>,
+    domain: &str,
+    path: Option<Bound<'_, PyAny>>,
+    options: Option<Bound<'_, PyDict>>,
+) -> PyResult<Parsed> {
+    if keywords::keywords(domain).is_none() {
+        return Err(PyValueError::new_err(format!(
+            "domain: {domain:?} is not one of vision, text, audio"
+        )));
+    }
+    let path = match &path {
+        None => None,
+        Some(p) if p.is_none() => None,
+        Some(p) => Some(path_value(p)?),
+    };
+    if let Some(p) = &path {
+        if !p.contains("://") && !std::path::Path::new(p).exists() {
+            return Err(PyFileNotFoundError::new_err(format!(
+                "path: {p}: no such file or directory"
+            )));
+        }
+    }
+    let mut kw = serde_json::Map::new();
+    let mut output = None;
+    let mut device = None;
+    let mut pin: Option<Pin> = None;
+    if let Some(opts) = &options {
+        for (k, v) in opts.iter() {
+            let key: String = k
+                .extract()
+                .map_err(|_| PyTypeError::new_err("option names must be strings"))?;
+            match key.as_str() {
+                "output" => {
+                    let o: String = v.extract().map_err(|_| {
+                        PyTypeError::new_err("output: expected \"torch\" or \"numpy\"")
+                    })?;
+                    output = Some(match o.as_str() {
+                        "torch" => Output::Torch,
+                        "numpy" => Output::Numpy,
+                        _ => {
+                            return Err(PyValueError::new_err(format!(
+                                "output: {o:?} is not \"torch\" or \"numpy\""
+                            )))
+                        }
+                    });
+                }
+                "device" => {
+                    if !v.is_none() {
+                        let d: String = v.extract().map_err(|_| {
+                            PyTypeError::new_err("device: expected None, \"cuda\" or \"cuda:N\"")
+                        })?;
+                        let ok = d == "cuda"
+                            || d.strip_prefix("cuda:")
+                                .is_some_and(|n| n.parse::<u32>().is_ok());
+                        if !ok {
+                            return Err(PyValueError::new_err(format!(
+                                "device: {d:?} is not \"cuda\" or \"cuda:N\""
+                            )));
+                        }
+                        device = Some(d);
+                    }
+                }
+                "pin_memory" => {
+                    pin = Some(if v.is_instance_of::<PyBool>() {
+                        if v.extract::<bool>()? {
+                            Pin::Auto
+                        } else {
+                            Pin::Off
+                        }
+                    } else if v.is_instance_of::<PyString>() {
+                        match v.extract::<String>()?.as_str() {
+                            "auto" => Pin::Auto,
+                            other => {
+                                return Err(PyValueError::new_err(format!(
+                                    "pin_memory: {other:?} is not \"auto\", True or False"
+                                )))
+                            }
+                        }
+                    } else {
+                        return Err(PyTypeError::new_err(format!(
+                            "pin_memory: expected \"auto\", True or False, got {}",
+                            v.get_type().name()?
+                        )));
+                    });
+                }
+                k if RUN_LOOP_ONLY.contains(&k) => {
+                    return Err(PyValueError::new_err(format!(
+                        "{key}: a setting of the command's run loop; a loader runs one epoch per iteration (use loader.epoch(e)) and hands batches to you"
+                    )));
+                }
+                _ => {
+                    let value = json_value(&key, &v)?;
+                    kw.insert(key, value);
+                }
+            }
+        }
+    }
+    let mut settings =
+        keywords::from_keywords(domain, path.map(Into::into), &kw).map_err(keyword_error)?;
+    let common = settings.common_mut();
+    if !kw.contains_key("quiet") {
+        common.quiet = true;
+    }
+    // A loader runs as many epochs as it is iterated: unless told how
+    // many are planned, the job is set up for more than one (vision's
+    // scan index pays from the second epoch on).
+    if !kw.contains_key("epochs") {
+        common.epochs = u64::MAX;
+    }
+    if let Some(p) = pin {
+        settings.set_pin(p);
+    }
+    let output = match output {
+        Some(Output::Torch) if !torch_available(py) => {
+            return Err(PyValueError::new_err(
+                "output: \"torch\" needs torch, which does not import here",
+            ))
+        }
+        Some(o) => o,
+        None if torch_available(py) => Output::Torch,
+        None => Output::Numpy,
+    };
+    if let Some(d) = &device {
+        if output != Output::Torch {
+            return Err(PyValueError::new_err(
+                "device: batches go to a device as torch tensors; set output=\"torch\"",
+            ));
+        }
+        let cuda = py.import("torch")?.getattr("cuda")?;
+        let n: usize = cuda.call_method0("device_count")?.extract()?;
+        let want = d
+            .strip_prefix("cuda:")
+            .and_then(|i| i.parse::<usize>().ok())
+            .unwrap_or(0);
+        if want >= n {
+            return Err(PyRuntimeError::new_err(format!(
+                "device: {d:?}, but torch sees {n} CUDA device(s)"
+            )));
+        }
+    }
+    Ok(Parsed {
+        settings,
+        output,
+        device,
+    })
+}
+
 #[pymethods]
 impl Loader {
-    /// Builds the job for `domain` from `options` (the subcommand's flags as
+    /// Builds the job for `domain` from `options` (the settings as
     /// keywords, plus `output`, `pin_memory` and `device`).
     #[new]
     #[pyo3(signature = (domain, path=None, options=None))]
@@ -224,177 +442,17 @@ impl Loader {
         path: Option<Bound<'_, PyAny>>,
         options: Option<Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        if keywords::keywords(domain).is_none() {
-            return Err(PyValueError::new_err(format!(
-                "domain: {domain:?} is not one of vision, text, audio"
-            )));
-        }
-        let path = match &path {
-            None => None,
-            Some(p) if p.is_none() => None,
-            Some(p) => Some(path_value(p)?),
-        };
-        if let Some(p) = &path {
-            if !p.contains("://") && !std::path::Path::new(p).exists() {
-                return Err(PyFileNotFoundError::new_err(format!(
-                    "path: {p}: no such file or directory"
-                )));
-            }
-        }
-        let mut kw = serde_json::Map::new();
-        let mut output = None;
-        let mut device = None;
-        let mut pin: Option<Pin> = None;
-        if let Some(opts) = &options {
-            for (k, v) in opts.iter() {
-                let key: String = k
-                    .extract()
-                    .map_err(|_| PyTypeError::new_err("option names must be strings"))?;
-                match key.as_str() {
-                    "output" => {
-                        let o: String = v.extract().map_err(|_| {
-                            PyTypeError::new_err("output: expected \"torch\" or \"numpy\"")
-                        })?;
-                        output = Some(match o.as_str() {
-                            "torch" => Output::Torch,
-                            "numpy" => Output::Numpy,
-                            _ => {
-                                return Err(PyValueError::new_err(format!(
-                                    "output: {o:?} is not \"torch\" or \"numpy\""
-                                )))
-                            }
-                        });
-                    }
-                    "device" => {
-                        if !v.is_none() {
-                            let d: String = v.extract().map_err(|_| {
-                                PyTypeError::new_err(
-                                    "device: expected None, \"cuda\" or \"cuda:N\"",
-                                )
-                            })?;
-                            let ok = d == "cuda"
-                                || d.strip_prefix("cuda:")
-                                    .is_some_and(|n| n.parse::<u32>().is_ok());
-                            if !ok {
-                                return Err(PyValueError::new_err(format!(
-                                    "device: {d:?} is not \"cuda\" or \"cuda:N\""
-                                )));
-                            }
-                            device = Some(d);
-                        }
-                    }
-                    "pin_memory" => {
-                        pin = Some(if v.is_instance_of::<PyBool>() {
-                            if v.extract::<bool>()? {
-                                Pin::Auto
-                            } else {
-                                Pin::Off
-                            }
-                        } else if v.is_instance_of::<PyString>() {
-                            match v.extract::<String>()?.as_str() {
-                                "auto" => Pin::Auto,
-                                other => {
-                                    return Err(PyValueError::new_err(format!(
-                                        "pin_memory: {other:?} is not \"auto\", True or False"
-                                    )))
-                                }
-                            }
-                        } else {
-                            return Err(PyTypeError::new_err(format!(
-                                "pin_memory: expected \"auto\", True or False, got {}",
-                                v.get_type().name()?
-                            )));
-                        });
-                    }
-                    k if RUN_LOOP_ONLY.contains(&k) => {
-                        return Err(PyValueError::new_err(format!(
-                            "{key}: a setting of the command's run loop; a loader runs one epoch per iteration (use loader.epoch(e)) and hands batches to you"
-                        )));
-                    }
-                    _ => {
-                        let value = json_value(&key, &v)?;
-                        kw.insert(key, value);
-                    }
-                }
-            }
-        }
-        let mut settings =
-            keywords::from_keywords(domain, path.map(Into::into), &kw).map_err(keyword_error)?;
-        let common = settings.common_mut();
-        if !kw.contains_key("quiet") {
-            common.quiet = true;
-        }
-        // A loader runs as many epochs as it is iterated: unless told how
-        // many are planned, the job is set up for more than one (vision's
-        // scan index pays from the second epoch on).
-        if !kw.contains_key("epochs") {
-            common.epochs = u64::MAX;
-        }
-        if let Some(p) = pin {
-            settings.set_pin(p);
-        }
-        let output = match output {
-            Some(Output::Torch) if !torch_available(py) => {
-                return Err(PyValueError::new_err(
-                    "output: \"torch\" needs torch, which does not import here",
-                ))
-            }
-            Some(o) => o,
-            None if torch_available(py) => Output::Torch,
-            None => Output::Numpy,
-        };
-        if let Some(d) = &device {
-            if output != Output::Torch {
-                return Err(PyValueError::new_err(
-                    "device: batches go to a device as torch tensors; set output=\"torch\"",
-                ));
-            }
-            let cuda = py.import("torch")?.getattr("cuda")?;
-            let n: usize = cuda.call_method0("device_count")?.extract()?;
-            let want = d
-                .strip_prefix("cuda:")
-                .and_then(|i| i.parse::<usize>().ok())
-                .unwrap_or(0);
-            if want >= n {
-                return Err(PyRuntimeError::new_err(format!(
-                    "device: {d:?}, but torch sees {n} CUDA device(s)"
-                )));
-            }
-        }
+        let o = parse_options(py, domain, path, options)?;
+        let settings = o.settings;
         let job = py.detach(move || settings.build()).map_err(job_error)?;
-        let mut pending = None;
-        if let Some(file) = &job.common.resume {
-            if !file.exists() {
-                return Err(PyFileNotFoundError::new_err(format!(
-                    "resume: {}: no such file",
-                    file.display()
-                )));
-            }
-            pending = Some(
-                PipelineState::read(file)
-                    .map_err(|e| PyValueError::new_err(format!("resume: {e}")))?,
-            );
-        }
-        let state = match &pending {
-            Some(s) => s.clone(),
-            None => job.pipeline.epoch_state_start(0),
-        };
-        let convert = match output {
-            Output::Torch => py.import("torch")?.getattr("from_dlpack")?,
-            Output::Numpy => py.import("numpy")?.getattr("asarray")?,
-        }
-        .unbind();
-        Ok(Loader {
-            job: Arc::new(job),
-            convert,
-            device,
-            next_epoch: state.epoch,
-            pending,
-            run: None,
-            state,
-            report: None,
-            pid: std::process::id(),
-        })
+        Loader::with_job(py, job, o.output, o.device, Extras::default())
+    }
+
+    /// A `ferrofeed.Pipeline`'s loader: `spec` is what `Pipeline.build()`
+    /// checked (source, settings, native stages, Python stages, collate).
+    #[staticmethod]
+    fn from_pipeline(py: Python<'_>, spec: Bound<'_, PyDict>) -> PyResult<Self> {
+        crate::compose::build(py, &spec)
     }
 
     /// Batches per epoch on this rank (`None` is never returned for the
@@ -459,7 +517,18 @@ impl Loader {
             }
             Some(Msg::Error(e, state)) => {
                 self.state = *state;
-                Err(sample_error(py, &e))
+                let err = sample_error(py, &e);
+                // A Python stage's own exception is the error's cause.
+                let own = self
+                    .extras
+                    .raised
+                    .as_ref()
+                    .zip(e.index)
+                    .and_then(|(r, i)| r.lock().ok()?.remove(&i));
+                if let Some(cause) = own {
+                    err.set_cause(py, Some(PyErr::from_value(cause.into_bound(py))));
+                }
+                Err(err)
             }
             Some(Msg::End(report, state, completed)) => {
                 let epoch = run.epoch;
@@ -590,6 +659,52 @@ impl Drop for Loader {
 }
 
 impl Loader {
+    /// A loader over `job`, its batches as `output` (on `device`), with
+    /// what a composed pipeline adds.
+    pub(crate) fn with_job(
+        py: Python<'_>,
+        job: Job,
+        output: Output,
+        device: Option<String>,
+        extras: Extras,
+    ) -> PyResult<Self> {
+        let mut pending = None;
+        if let Some(file) = &job.common.resume {
+            if !file.exists() {
+                return Err(PyFileNotFoundError::new_err(format!(
+                    "resume: {}: no such file",
+                    file.display()
+                )));
+            }
+            pending = Some(
+                PipelineState::read(file)
+                    .map_err(|e| PyValueError::new_err(format!("resume: {e}")))?,
+            );
+        }
+        let state = match &pending {
+            Some(s) => s.clone(),
+            None => job.pipeline.epoch_state_start(0),
+        };
+        let convert = match output {
+            Output::Torch => py.import("torch")?.getattr("from_dlpack")?,
+            Output::Numpy => py.import("numpy")?.getattr("asarray")?,
+        }
+        .unbind();
+        Ok(Loader {
+            extras,
+            output,
+            job: Arc::new(job),
+            convert,
+            device,
+            next_epoch: state.epoch,
+            pending,
+            run: None,
+            state,
+            report: None,
+            pid: std::process::id(),
+        })
+    }
+
     /// Starts epoch `epoch` (or the pending resume) on a driver thread,
     /// stopping any epoch in progress first.
     fn start(&mut self, epoch: u64) {
@@ -602,9 +717,13 @@ impl Loader {
         let job = Arc::clone(&self.job);
         let stop = job.pipeline.stop_handle();
         let limit = job.common.limit_batches;
+        for f in &self.extras.figures {
+            f.reset();
+        }
+        let post = self.extras.batch_stages.clone();
         let thread = std::thread::Builder::new()
             .name("ferrofeed-epoch".into())
-            .spawn(move || drive(&job, epoch, resume, limit, &tx))
+            .spawn(move || drive(&job, epoch, resume, limit, post.as_deref(), &tx))
             .ok();
         self.run = Some(Run {
             rx,
@@ -615,6 +734,9 @@ impl Loader {
     }
 
     fn to_python(&self, py: Python<'_>, mut batch: Batch) -> PyResult<Py<PyDict>> {
+        if let Some(PyBatch(cols)) = batch.attached::<PyBatch>() {
+            return self.python_batch(py, cols.bind(py), batch.indices());
+        }
         let d = PyDict::new(py);
         let names: Vec<String> = batch.columns().map(|(n, _)| n.to_string()).collect();
         let idx: Vec<i64> = batch.indices().iter().map(|&i| i as i64).collect();
@@ -647,6 +769,50 @@ impl Loader {
         Ok(d.unbind())
     }
 
+    /// A batch collated in Python: its columns, numpy arrays made torch
+    /// tensors (sharing memory) when the output is torch, and `indices`.
+    fn python_batch(
+        &self,
+        py: Python<'_>,
+        cols: &Bound<'_, PyDict>,
+        indices: &[u64],
+    ) -> PyResult<Py<PyDict>> {
+        let d = PyDict::new(py);
+        let np = py.import("numpy")?;
+        let ndarray = np.getattr("ndarray")?;
+        let torch = (self.output == Output::Torch)
+            .then(|| py.import("torch"))
+            .transpose()?;
+        for (k, v) in cols.iter() {
+            let v = match &torch {
+                Some(t) if v.is_instance(&ndarray)? => {
+                    let t = t.call_method1(
+                        "from_numpy",
+                        (np.call_method1("ascontiguousarray", (v,))?,),
+                    )?;
+                    match &self.device {
+                        Some(dev) => {
+                            let kw = PyDict::new(py);
+                            kw.set_item("non_blocking", true)?;
+                            t.call_method("to", (dev.as_str(),), Some(&kw))?
+                        }
+                        None => t,
+                    }
+                }
+                _ => v,
+            };
+            d.set_item(k, v)?;
+        }
+        let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+        let n = idx.len();
+        let t = self
+            .convert
+            .bind(py)
+            .call1((Bound::new(py, Array::new(Tensor::from_slice(&idx, &[n])))?,))?;
+        d.set_item("indices", t)?;
+        Ok(d.unbind())
+    }
+
     /// After an epoch: the `save_state`, `report_json`, `report_html` and
     /// `trace` files, when those options were given.
     fn write_files(&self) -> PyResult<()> {
@@ -668,6 +834,7 @@ fn drive(
     epoch: u64,
     resume: Option<PipelineState>,
     limit: Option<u64>,
+    post: Option<&BatchStages>,
     tx: &flume::Sender<Msg>,
 ) {
     job.pipeline.reset_metrics();
@@ -683,9 +850,27 @@ fn drive(
     }
     let mut batches = 0u64;
     let mut gone = false;
+    let this_epoch = resume.as_ref().map_or(epoch, |s| s.epoch);
     // A loader may always be iterated again: remote data reads ahead into
     // the next epoch.
     let done = job.run_epoch(epoch, resume.as_ref(), true, |item, it| {
+        let item = match (item, post) {
+            (Ok(mut b), Some(post)) => {
+                let first = b.indices().first().copied();
+                let number = b.position().0;
+                match post.run(&mut b, this_epoch, number) {
+                    Ok(()) => Ok(b),
+                    Err(message) => Err(SampleError {
+                        index: first,
+                        path: None,
+                        stage: "map_batches".into(),
+                        kind: ErrorKind::Failed(message),
+                        attempts: 1,
+                    }),
+                }
+            }
+            (item, _) => item,
+        };
         let msg = match item {
             Ok(b) => Msg::Batch(Box::new(b), Box::new(it.state())),
             Err(e) => Msg::Error(Box::new(e), Box::new(it.state())),
