@@ -16,6 +16,9 @@ fi
 # torch is ~5 GB (PyPI has CUDA builds only; they run on CPU): installed once.
 "$VENV/bin/python" -c "import numpy, torch, PIL, pytest, maturin" 2>/dev/null ||
   "$VENV/bin/pip" install -q numpy torch pillow pytest maturin
+# torchvision: native=True translates its ImageFolder and transforms.
+"$VENV/bin/python" -c "import torchvision" 2>/dev/null ||
+  "$VENV/bin/pip" install -q torchvision
 # torchdata's StatefulDataLoader: the drop-in's state_dict() is checked against it.
 "$VENV/bin/python" -c "import torchdata.stateful_dataloader" 2>/dev/null ||
   "$VENV/bin/pip" install -q torchdata

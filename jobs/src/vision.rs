@@ -520,30 +520,67 @@ pub type Tail = Box<
 
 /// The vision job `a` describes.
 pub fn build(a: VisionSettings) -> Result<Job, JobError> {
-    build_with(a, None)
+    build_with(a, Custom::default())
 }
 
-/// The vision job `a` describes, with `tail` (when given) after the decode
-/// stage instead of the vision collate: the same source, sampler, read and
-/// decode, so the same images reach it.
-pub fn build_with(a: VisionSettings, tail: Option<Tail>) -> Result<Job, JobError> {
+/// What a front end composing its own pipeline changes in the vision job.
+#[derive(Default)]
+pub struct Custom {
+    /// The files and labels to read, instead of scanning `path` (a
+    /// torchvision dataset's own list).
+    pub files: Option<ImageFolder>,
+    /// The transform, instead of the one `transform`/`size`/`resize` ask
+    /// for (crop scale and ratio ranges, flip probability of its own).
+    pub transform: Option<Transform>,
+    /// Stages and a collate after the decode stage, instead of the vision
+    /// collate.
+    pub tail: Option<Tail>,
+    /// Decoder settings, instead of the flags' (torchvision's PIL loader
+    /// does not apply EXIF orientation).
+    pub decode: Option<DecodeOptions>,
+}
+
+/// The vision job `a` describes, changed as `with` says: the same sampler,
+/// read and decode stages, so the same images reach the tail.
+pub fn build_with(a: VisionSettings, with: Custom) -> Result<Job, JobError> {
     a.common.check()?;
     a.common.check_outputs()?;
-    let path = match &a.path {
-        Some(p) => p.clone(),
-        None => default_dataset(a.common.quiet)?,
+    let Custom {
+        files,
+        transform: custom_transform,
+        tail,
+        decode: custom_decode,
+    } = with;
+    let opened = match files {
+        Some(f) => Opened {
+            ds: Dataset::Folder(f),
+            remote: None,
+            view: None,
+        },
+        None => {
+            let path = match &a.path {
+                Some(p) => p.clone(),
+                None => default_dataset(a.common.quiet)?,
+            };
+            open_dataset(&path, &a.common.remote, a.vision.stream_shards)?
+        }
     };
-    let opened = open_dataset(&path, &a.common.remote, a.vision.stream_shards)?;
     if a.vision.shuffle_buffer > 0 && !a.vision.stream_shards {
         return Err(JobError::Usage(
             "--shuffle-buffer is for --stream-shards (shards read as a stream)".into(),
         ));
     }
     let ds = opened.ds.clone();
-    let transform = transform_of(&a.vision, TransformArg::Train)?;
+    let transform = match custom_transform {
+        Some(t) => {
+            t.validate().map_err(JobError::Usage)?;
+            t
+        }
+        None => transform_of(&a.vision, TransformArg::Train)?,
+    };
     let mut stage = DecodeTransform {
         transform,
-        decode: decode_options(&a.vision),
+        decode: custom_decode.unwrap_or_else(|| decode_options(&a.vision)),
         cache: a.vision.cache_bytes.map(ImageCache::new),
         disk: image_cache(&a.vision)?,
         seek: None,
@@ -561,9 +598,19 @@ pub fn build_with(a: VisionSettings, tail: Option<Tail>) -> Result<Job, JobError
     for w in &resources.warnings {
         tracing::warn!("{w}: falling back");
     }
+    let out_side = match stage.transform {
+        Transform::Eval { size, .. } | Transform::Train { size, .. } => size,
+        Transform::None => a.vision.size,
+    };
+    if u64::from(out_side).pow(2) > a.vision.max_pixels {
+        return Err(JobError::Usage(format!(
+            "a {out_side}-pixel side makes outputs over --max-pixels {}",
+            a.vision.max_pixels
+        )));
+    }
     check_batch_bytes(
         &stage.transform,
-        a.vision.size,
+        out_side,
         a.common.batch_size,
         resources.memory_bytes,
     )?;

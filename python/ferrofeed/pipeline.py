@@ -73,6 +73,24 @@ class _Sources:
         return Source("image_folder", p, ("path", "label"), True)
 
     @staticmethod
+    def files(paths: Sequence[PathLike], labels: Optional[Sequence[int]] = None,
+              classes: Optional[Sequence[str]] = None) -> Source:
+        """Files in the order given: components ``path`` and ``label``
+        (``labels[i]``, else 0); ``classes`` names the labels."""
+        ps = [os.fspath(p) for p in paths]
+        if not ps:
+            raise ValueError("files: no paths")
+        if labels is None:
+            ls = [0] * len(ps)
+        else:
+            ls = [int(x) for x in labels]
+            if len(ls) != len(ps):
+                raise ValueError(f"files: {len(ps)} paths but {len(ls)} labels")
+        names = [str(c) for c in classes] if classes is not None else [str(c) for c in sorted(set(ls))]
+        root = os.path.commonpath([os.path.abspath(p) for p in ps])
+        return Source("files", (root, names, list(zip(ps, ls))), ("path", "label"), True)
+
+    @staticmethod
     def sequence(obj: Any) -> Source:
         """Any object with ``__len__`` and ``__getitem__``: sample ``i`` is
         ``obj[i]``; a returned dict's keys become components, any other
@@ -133,6 +151,11 @@ class Pipeline:
         self._settings = dict(settings)
         self._stages: List[_Stage] = []
         self._collate: Optional[Callable[[List[Dict[str, Any]]], Dict[str, Any]]] = None
+        # A transform given in full (``ferrofeed.torch``'s native=True sets
+        # torchvision's own crop ranges and flip probability).
+        self._transform: Optional[Tuple[Any, ...]] = None
+        # False: decode without EXIF orientation (torchvision's PIL loader).
+        self._exif: Optional[bool] = None
 
     def _add(self, stage: _Stage) -> "Pipeline":
         self._stages.append(stage)
@@ -228,7 +251,7 @@ class Pipeline:
         kinds = [s.kind for s in self._stages if s.kind not in ("map", "map_batches")]
         if self._source.native and kinds not in (["read", "decode_image"], ["read", "decode_image", "normalize"]):
             raise ValueError(
-                "an image_folder pipeline's native stages are .read().decode_image(), then optionally "
+                f"a {self._source.kind} pipeline's native stages are .read().decode_image(), then optionally "
                 f".normalize(); got {'.'.join(k + '()' for k in kinds) or 'none'}"
             )
 
@@ -254,6 +277,8 @@ class Pipeline:
             "maps": maps,
             "batch_maps": batch_maps,
             "collate": collate,
+            "transform": self._transform,
+            "exif": self._exif,
         }
         return Loader._wrap(_ferrofeed.Loader.from_pipeline(spec))
 

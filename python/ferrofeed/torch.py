@@ -335,6 +335,7 @@ class DataLoader:
         in_order: bool = True,
         on_error: str = "fail",
         max_bytes_in_flight: Optional[int] = None,
+        native: bool = False,
     ):
         # torch's constructor checks every argument and builds the samplers;
         # it starts no worker until iterated, and it is never iterated.
@@ -423,8 +424,39 @@ class DataLoader:
         elif on_error not in ("fail", "skip") and not on_error.startswith("retry:"):
             raise ValueError(f"on_error: {on_error!r} is not fail, skip or retry:N")
         self.persistent_workers = persistent_workers
+        # native=True: torchvision's ImageFolder and transforms as a native
+        # pipeline (see ferrofeed._native).
+        self._native: Optional[Any] = None
+        if native:
+            self._native = self._native_loader(sampler, batch_sampler, collate_fn, worker_init_fn)
         self._initialized = True
         _live.add(self)
+
+    def _native_loader(self, sampler: Any, batch_sampler: Any, collate_fn: Any, worker_init_fn: Any) -> Any:
+        from . import _native
+
+        for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler), ("collate_fn", collate_fn),
+                            ("worker_init_fn", worker_init_fn)):
+            if given is not None:
+                raise ValueError(f"native=True: {name} does not translate (the native pipeline samples, "
+                                 "shuffles and collates itself)")
+        if self.batch_size is None:
+            raise ValueError("native=True: batch_size=None does not translate")
+        if self._iterable:
+            raise ValueError("native=True: an IterableDataset does not translate")
+        settings: Dict[str, Any] = {"on_error": self._on_error}
+        if self._budget != _DEFAULT_BUDGET:
+            settings["max_bytes_in_flight"] = self._budget
+        return _native.loader(
+            self.dataset,
+            batch_size=self.batch_size,
+            shuffle=isinstance(self._torch.sampler, tud.RandomSampler),
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            generator=self.generator,
+            pin_memory=self.pin_memory,
+            settings=settings,
+        )
 
     def _close(self) -> None:
         """Stops the epoch in progress and waits for its workers to leave
@@ -449,6 +481,8 @@ class DataLoader:
     # torch's rules for len(): batches for map-style datasets, the
     # dataset's length (with its batching) for iterable ones.
     def __len__(self) -> int:
+        if self._native is not None:
+            return len(self._native)
         return len(self._torch)
 
     def _stateful_samplers(self) -> Dict[str, Any]:
@@ -499,6 +533,8 @@ class DataLoader:
                 f"this DataLoader was created in process {self._pid}; after os.fork() its threads exist "
                 "only there: create the DataLoader in this process (or fork before creating it)"
             )
+        if self._native is not None:
+            return ([b["images"], b["labels"]] for b in self._native)
         resumed: Optional[Dict[str, Any]] = None
         if self._resume is not None:
             resumed, self._resume = self._resume, None
@@ -720,6 +756,8 @@ class DataLoader:
         ``state_dict()``, saved with it and restored by
         ``load_state_dict``, as torchdata's ``StatefulDataLoader`` does)
         are."""
+        if self._native is not None:
+            return self._native.state_dict()
         if self._resume is not None:
             return dict(self._resume)
         state: Dict[str, Any] = {
@@ -761,6 +799,9 @@ class DataLoader:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Makes the next iteration continue where ``state`` was taken."""
+        if self._native is not None:
+            self._native.load_state_dict(state)
+            return
         if not isinstance(state, dict) or state.get("format") != "ferrofeed-dataloader-v1":
             raise ValueError("state: not a state_dict() of ferrofeed.torch.DataLoader")
         for k, t in (("epoch", int), ("batches", int), ("rng", str)):
@@ -778,6 +819,8 @@ class DataLoader:
         ``__getitem__``), ``collate_seconds``, ``data_stall_seconds`` (the
         consumer's wait), ``skipped`` samples, and for multi-worker map-style
         datasets the engine's per-stage table and bytes in flight."""
+        if self._native is not None:
+            return self._native.report() or {}
         return dict(self._report)
 
     def close(self) -> None:
@@ -786,6 +829,9 @@ class DataLoader:
             self._runner.close()
         if self._threads is not None:
             self._threads.close()
+        native = self.__dict__.get("_native")
+        if native is not None:
+            native.close()
 
     def __del__(self) -> None:
         try:

@@ -388,6 +388,45 @@ impl BatchStages {
     }
 }
 
+/// A transform given in full: `("train", size, (scale_lo, scale_hi),
+/// (ratio_lo, ratio_hi), flip_p)` or `("eval", resize, size)` with
+/// `resize` a side or `(height, width)`.
+fn transform_of(t: &Bound<'_, PyAny>) -> PyResult<ferrofeed_vision::Transform> {
+    use ferrofeed_vision::{ResizeTo, Transform};
+    let kind: String = t.get_item(0)?.extract()?;
+    Ok(match kind.as_str() {
+        "train" => {
+            let (_, size, scale, ratio, flip_p): (String, u32, (f64, f64), (f64, f64), f64) =
+                t.extract()?;
+            Transform::Train {
+                size,
+                scale,
+                ratio,
+                flip_p,
+            }
+        }
+        "eval" => {
+            let resize = t.get_item(1)?;
+            let resize = match resize.extract::<u32>() {
+                Ok(side) => ResizeTo::Shorter(side),
+                Err(_) => {
+                    let (height, width): (u32, u32) = resize.extract()?;
+                    ResizeTo::Exact { height, width }
+                }
+            };
+            Transform::Eval {
+                resize,
+                size: t.get_item(2)?.extract()?,
+            }
+        }
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "transform: {other:?} is not train or eval"
+            )))
+        }
+    })
+}
+
 /// Reads a `Pipeline.build()` spec and builds its loader.
 ///
 /// `spec`: `source` (`("image_folder", path)` or `("sequence", obj)`),
@@ -411,6 +450,15 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
     let maps: Vec<(String, Py<PyAny>)> = get("maps")?.extract()?;
     let batch_maps: Vec<(String, Py<PyAny>)> = get("batch_maps")?.extract()?;
     let collate: Option<Py<PyAny>> = get("collate")?.extract()?;
+    let transform = match spec.get_item("transform")? {
+        Some(t) if !t.is_none() => Some(transform_of(&t)?),
+        _ => None,
+    };
+    // `Some(false)`: decode without EXIF orientation (as PIL's loader).
+    let exif: Option<bool> = match spec.get_item("exif")? {
+        Some(v) if !v.is_none() => Some(v.extract()?),
+        _ => None,
+    };
     let raised: Raised = Arc::default();
     let mut figures: Vec<Arc<GilFigures>> = Vec::new();
 
@@ -421,8 +469,22 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
         }
     }
     let (job, output, device) = match kind.as_str() {
-        "image_folder" => {
-            let parsed = parse_options(py, "vision", Some(what), Some(opts))?;
+        "image_folder" | "files" => {
+            // files: (root, classes, [(path, label)]), read as listed.
+            let (path, files) = if kind == "files" {
+                let (root, classes, list): (String, Vec<String>, Vec<(std::path::PathBuf, i64)>) =
+                    what.extract()?;
+                let root_obj = pyo3::types::PyString::new(py, &root).into_any();
+                (
+                    root_obj,
+                    Some(ferrofeed_stages::ImageFolder::from_files(
+                        root, classes, list,
+                    )),
+                )
+            } else {
+                (what, None)
+            };
+            let parsed = parse_options(py, "vision", Some(path), Some(opts))?;
             let DomainSettings::Vision(vs) = parsed.settings else {
                 return Err(PyValueError::new_err("image_folder: not a vision source"));
             };
@@ -504,8 +566,17 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                     figures: collate_figures,
                 }))
             });
+            let custom = ferrofeed_jobs::vision::Custom {
+                files,
+                transform,
+                tail: Some(tail),
+                decode: exif.map(|apply_exif| ferrofeed_vision::DecodeOptions {
+                    apply_exif,
+                    ..Default::default()
+                }),
+            };
             let job = py
-                .detach(move || ferrofeed_jobs::vision::build_with(vs, Some(tail)))
+                .detach(move || ferrofeed_jobs::vision::build_with(vs, custom))
                 .map_err(crate::loader::job_error)?;
             (job, parsed.output, parsed.device)
         }

@@ -160,6 +160,20 @@ impl ImageFolder {
             files,
         })
     }
+    /// An ImageFolder made from a list kept elsewhere (a torchvision
+    /// dataset's `samples`): `files` as `(path, label)` in index order,
+    /// `classes` naming the labels, `root` what they are under.
+    pub fn from_files(
+        root: impl Into<PathBuf>,
+        classes: Vec<String>,
+        files: Vec<(PathBuf, i64)>,
+    ) -> ImageFolder {
+        ImageFolder {
+            root: root.into(),
+            classes,
+            files,
+        }
+    }
     /// The root folder.
     pub fn root(&self) -> &Path {
         &self.root
