@@ -73,6 +73,18 @@ class _Sources:
         return Source("image_folder", p, ("path", "label"), True)
 
     @staticmethod
+    def shards(path_or_url: PathLike) -> Source:
+        """WebDataset shards: a ``.tar`` file, a folder of them, or a URL
+        prefix holding them; components ``bytes`` (each sample's image
+        member) and ``label`` (its ``.cls``)."""
+        if not isinstance(path_or_url, (str, os.PathLike)):
+            raise TypeError(f"shards: expected a str or path, got {type(path_or_url).__name__}")
+        p = os.fspath(path_or_url)
+        if "://" not in p and not os.path.exists(p):
+            raise FileNotFoundError(f"shards: {p}: no such file or directory")
+        return Source("shards", p, ("bytes", "label"), True)
+
+    @staticmethod
     def files(paths: Sequence[PathLike], labels: Optional[Sequence[int]] = None,
               classes: Optional[Sequence[str]] = None) -> Source:
         """Files in the order given: components ``path`` and ``label``
@@ -249,7 +261,13 @@ class Pipeline:
             have.difference_update(st.reads)
             have.update(st.writes)
         kinds = [s.kind for s in self._stages if s.kind not in ("map", "map_batches")]
-        if self._source.native and kinds not in (["read", "decode_image"], ["read", "decode_image", "normalize"]):
+        if self._source.kind == "shards":
+            if kinds not in (["decode_image"], ["decode_image", "normalize"]):
+                raise ValueError(
+                    "a shards pipeline's native stages are .decode_image(), then optionally .normalize(); "
+                    f"got {'.'.join(k + '()' for k in kinds) or 'none'}"
+                )
+        elif self._source.native and kinds not in (["read", "decode_image"], ["read", "decode_image", "normalize"]):
             raise ValueError(
                 f"a {self._source.kind} pipeline's native stages are .read().decode_image(), then optionally "
                 f".normalize(); got {'.'.join(k + '()' for k in kinds) or 'none'}"

@@ -469,7 +469,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
         }
     }
     let (job, output, device) = match kind.as_str() {
-        "image_folder" | "files" => {
+        "image_folder" | "files" | "shards" => {
             // files: (root, classes, [(path, label)]), read as listed.
             let (path, files) = if kind == "files" {
                 let (root, classes, list): (String, Vec<String>, Vec<(std::path::PathBuf, i64)>) =
@@ -636,7 +636,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
         }
         other => {
             return Err(PyValueError::new_err(format!(
-                "source: {other:?} is not image_folder or sequence"
+                "source: {other:?} is not image_folder, files, shards or sequence"
             )))
         }
     };

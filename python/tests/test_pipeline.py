@@ -302,3 +302,29 @@ def test_deleting_a_loader_mid_epoch_with_python_stages_joins_its_threads():
     while threads() > before + 1 and time.time() < deadline:
         time.sleep(0.05)
     assert threads() <= before + 1
+
+
+def test_shards_decode_as_the_native_loader_reads_them(vision_dir, tmp_path):
+    import io
+    import tarfile
+
+    files = sorted((d.name, f) for d in sorted(os.scandir(vision_dir), key=lambda e: e.name) if d.is_dir()
+                   for f in sorted(os.listdir(d.path)))
+    for s in range(2):
+        with tarfile.open(tmp_path / f"shard-{s}.tar", "w") as tar:
+            for k, (cls, name) in enumerate(files[s::2]):
+                label = int(cls[-1])
+                for ext, data in (("jpg", open(os.path.join(vision_dir, cls, name), "rb").read()),
+                                  ("cls", str(label).encode())):
+                    info = tarfile.TarInfo(f"{s:02}{k:03}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    opts = dict(transform="eval", size=32, resize=40)
+    want = batches(ff.vision(str(tmp_path), **opts, **VISION))
+    got = batches(ff.Pipeline(ff.source.shards(tmp_path), **VISION).decode_image(**opts).build())
+    same(got, want)
+    with_map = batches(ff.Pipeline(ff.source.shards(tmp_path), **VISION).decode_image(**opts)
+                       .map(lambda s, rng: {**s, "twice": s["label"] * 2}).build())
+    assert [b["twice"].tolist() for b in with_map] == [(b["labels"] * 2).tolist() for b in want]
+    with pytest.raises(ValueError, match="'read' reads component 'path', which neither source.shards"):
+        ff.Pipeline(ff.source.shards(tmp_path)).read().decode_image().build()
