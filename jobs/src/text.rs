@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrofeed_core::{Parallelism, Pipeline, Source, StageOptions};
+use ferrofeed_core::{Parallelism, Pipeline, PipelineBuilder, Source, StageOptions};
 use ferrofeed_text::{
     CacheOptions, CorpusOptions, EmptyLines, PackCollate, PadCollate, PaddingStats, TextCorpus,
     TextTokenizer, TokenBudget, TokenCache, Tokenize, Utf8Policy, EMBEDDED_CORPUS,
@@ -161,8 +161,19 @@ const MAX_TOKENS: usize = 1 << 30;
 /// The largest `--pad-multiple`.
 const MAX_PAD_MULTIPLE: usize = 1 << 16;
 
+/// What follows the token source in place of the text collate (stages of
+/// a front end's own and its collate).
+pub type Tail = Box<dyn FnOnce(PipelineBuilder) -> Result<PipelineBuilder, JobError> + Send>;
+
 /// The text job `a` describes.
 pub fn build(a: TextSettings) -> Result<Job, JobError> {
+    build_with(a, None)
+}
+
+/// The text job `a` describes, with `tail` (when given) after the token
+/// source instead of the pad or pack collate: the same tokens, sampler and
+/// length buckets.
+pub fn build_with(a: TextSettings, tail: Option<Tail>) -> Result<Job, JobError> {
     let c = &a.common;
     c.check()?;
     let o = &a.text;
@@ -247,7 +258,10 @@ pub fn build(a: TextSettings) -> Result<Job, JobError> {
         b = b.batch_size(c.batch_size);
     }
     let pool: Arc<dyn ferrofeed_core::BufferSource> = o.pin.pool(c.workers.resolve(cpus), 3)?;
-    let stats: Arc<PaddingStats> = if o.pack {
+    let stats: Arc<PaddingStats> = if let Some(tail) = tail {
+        b = tail(b)?;
+        Arc::new(PaddingStats::default())
+    } else if o.pack {
         let col = PackCollate::new(o.max_length, tok.eos_id(), tok.pad_id()).buffers(pool);
         let s = col.stats();
         b = b.collate(col);

@@ -38,8 +38,9 @@ __all__ = ["Pipeline", "source", "Source", "default_collate"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# Keywords of ``Pipeline(...)`` beyond the settings every domain shares.
-_OWN = ("output", "pin_memory", "device")
+# Keywords of ``Pipeline(...)`` beyond the settings every domain shares
+# (``max_tokens``: length buckets of text instead of a fixed batch size).
+_OWN = ("output", "pin_memory", "device", "max_tokens")
 
 
 class Source:
@@ -101,6 +102,20 @@ class _Sources:
         names = [str(c) for c in classes] if classes is not None else [str(c) for c in sorted(set(ls))]
         root = os.path.commonpath([os.path.abspath(p) for p in ps])
         return Source("files", (root, names, list(zip(ps, ls))), ("path", "label"), True)
+
+    @staticmethod
+    def text_lines(path: PathLike, field: Optional[str] = None) -> Source:
+        """Lines of a ``.txt``/``.jsonl`` file or folder of them (or a URL
+        prefix): component ``text`` (``field``: the JSON field of ``.jsonl``
+        lines, default ``"text"``)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"text_lines: path: expected a str or path, got {type(path).__name__}")
+        p = os.fspath(path)
+        if "://" not in p and not os.path.exists(p):
+            raise FileNotFoundError(f"text_lines: {p}: no such file or directory")
+        if field is not None and not isinstance(field, str):
+            raise TypeError(f"text_lines: field: expected a str, got {type(field).__name__}")
+        return Source("text_lines", (p, field), ("text",), True)
 
     @staticmethod
     def sequence(obj: Any) -> Source:
@@ -189,6 +204,21 @@ class Pipeline:
                 raise TypeError(f"decode_image() got an unexpected keyword argument '{k}'")
         return self._add(_Stage("decode_image", "decode", ("bytes",), ("image",), options=dict(options)))
 
+    def tokenize(self, tokenizer: Optional[PathLike] = None, max_length: Optional[int] = None,
+                 field: Optional[str] = None) -> "Pipeline":
+        """``text`` → ``input_ids``: a HuggingFace ``tokenizer.json``
+        (default: the embedded BERT WordPiece), truncated to
+        ``max_length`` tokens; ``field``: the JSON field of ``.jsonl``
+        lines. The keywords are the text flags of the same names."""
+        options: Dict[str, Any] = {}
+        if tokenizer is not None:
+            options["tokenizer"] = os.fspath(tokenizer)
+        if max_length is not None:
+            options["max_length"] = max_length
+        if field is not None:
+            options["field"] = field
+        return self._add(_Stage("tokenize", "tokenize", ("text",), ("input_ids",), options=options))
+
     def normalize(self, mean: Sequence[float], std: Sequence[float]) -> "Pipeline":
         """``image`` → float32 ``[3, H, W]``: ``(x / 255 - mean) / std`` per
         channel."""
@@ -238,7 +268,13 @@ class Pipeline:
                         f"stage {st.name!r}: a per-sample stage after map_batches {first_batch.name!r}; "
                         "put the .map stages first"
                     )
-                if first_python is None and self._source.native and "image" not in have:
+                if first_python is None and self._source.kind == "text_lines" and "input_ids" not in have:
+                    raise ValueError(
+                        f"stage {st.name!r}: the Python stages of a text_lines pipeline take tokenized "
+                        "samples (component input_ids): add .tokenize() before it"
+                    )
+                if first_python is None and self._source.native and self._source.kind != "text_lines" \
+                        and "image" not in have:
                     raise ValueError(
                         f"stage {st.name!r}: the Python stages of an image_folder pipeline take decoded "
                         "samples (components image and label): add .read().decode_image() before it"
@@ -261,7 +297,12 @@ class Pipeline:
             have.difference_update(st.reads)
             have.update(st.writes)
         kinds = [s.kind for s in self._stages if s.kind not in ("map", "map_batches")]
-        if self._source.kind == "shards":
+        if self._source.kind == "text_lines":
+            if kinds != ["tokenize"]:
+                raise ValueError(
+                    f"a text_lines pipeline's native stage is .tokenize(); got {'.'.join(k + '()' for k in kinds) or 'none'}"
+                )
+        elif self._source.kind == "shards":
             if kinds not in (["decode_image"], ["decode_image", "normalize"]):
                 raise ValueError(
                     "a shards pipeline's native stages are .decode_image(), then optionally .normalize(); "
@@ -283,14 +324,22 @@ class Pipeline:
         self._check_flow()
         maps = [(s.name, s.args["fn"]) for s in self._stages if s.kind == "map"]
         batch_maps = [(s.name, s.args["fn"]) for s in self._stages if s.kind == "map_batches"]
-        decode = next((s.args["options"] for s in self._stages if s.kind == "decode_image"), None)
+        stage_options: Dict[str, Any] = {}
+        for s in self._stages:
+            if s.kind in ("decode_image", "tokenize"):
+                stage_options.update(s.args["options"])
+        what = self._source.what
+        if self._source.kind == "text_lines":
+            what, field = what
+            if field is not None:
+                stage_options.setdefault("field", field)
         norm = next(((s.args["mean"], s.args["std"]) for s in self._stages if s.kind == "normalize"), None)
         python = bool(maps or batch_maps or self._collate is not None or not self._source.native)
         collate = (self._collate or default_collate) if python else None
         spec = {
-            "source": (self._source.kind, self._source.what),
+            "source": (self._source.kind, what),
             "settings": dict(self._settings),
-            "decode": decode,
+            "stage_options": stage_options,
             "normalize": norm,
             "maps": maps,
             "batch_maps": batch_maps,

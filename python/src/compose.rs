@@ -171,6 +171,17 @@ impl IntoRow for (NormalizedImage, Label) {
     }
 }
 
+impl IntoRow for ferrofeed_text::Tokens {
+    fn into_dict<'py>(self, py: Python<'py>, np: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let ids: Vec<i64> = self.0.iter().map(|&t| i64::from(t)).collect();
+        let n = ids.len();
+        let d = PyDict::new(py);
+        let t = Tensor::from_slice(&ids, &[n]);
+        d.set_item("input_ids", np.call_method1("asarray", (Bound::new(py, Array::new(t))?,))?)?;
+        Ok(d)
+    }
+}
+
 impl IntoRow for PyRow {
     fn into_dict<'py>(
         self,
@@ -427,11 +438,38 @@ fn transform_of(t: &Bound<'_, PyAny>) -> PyResult<ferrofeed_vision::Transform> {
     })
 }
 
+/// The Python stages `maps` after a typed prefix whose components are `I`
+/// (the first stage turns them into a dict), then the Python collate.
+fn python_tail<I: IntoRow>(
+    mut b: ferrofeed_core::PipelineBuilder,
+    opts: ferrofeed_core::StageOptions,
+    maps: Vec<(String, Py<PyAny>, Arc<GilFigures>)>,
+    collate: PyCollate,
+    raised: &Raised,
+) -> Result<ferrofeed_core::PipelineBuilder, ferrofeed_jobs::JobError> {
+    let mut maps = maps.into_iter();
+    let (name, f, fig) = match maps.next() {
+        Some(m) => m,
+        None => {
+            let same = Python::attach(|py| -> PyResult<Py<PyAny>> {
+                Ok(py.eval(c"lambda sample, rng: sample", None, None)?.unbind())
+            })
+            .map_err(|e| ferrofeed_jobs::JobError::Usage(e.to_string()))?;
+            ("to_python".to_string(), same, GilFigures::new("to_python"))
+        }
+    };
+    b = b.stage_with(&name, opts, PyMap::<I>::new(f, &name, Arc::clone(raised), fig));
+    for (name, f, fig) in maps {
+        b = b.stage_with(&name, opts, PyMap::<PyRow>::new(f, &name, Arc::clone(raised), fig));
+    }
+    Ok(b.collate(collate))
+}
+
 /// Reads a `Pipeline.build()` spec and builds its loader.
 ///
 /// `spec`: `source` (`("image_folder", path)` or `("sequence", obj)`),
-/// `settings` (the pipeline's keywords), `decode` (the `decode_image`
-/// keywords, or `None`), `normalize` (`(mean, std)` or `None`), `maps` and
+/// `settings` (the pipeline's keywords), `stage_options` (the native
+/// stages' keywords: `decode_image`'s, `tokenize`'s, or `None`), `normalize` (`(mean, std)` or `None`), `maps` and
 /// `batch_maps` (lists of `(name, fn)`), `collate` (a function, or `None`
 /// for the native collate) and `seed`.
 pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader::Loader> {
@@ -445,7 +483,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
     };
     let (kind, what): (String, Bound<'_, PyAny>) = get("source")?.extract()?;
     let settings = get("settings")?.cast_into::<PyDict>()?;
-    let decode = get("decode")?;
+    let stage_options = get("stage_options")?;
     let normalize: Option<([f32; 3], [f32; 3])> = get("normalize")?.extract()?;
     let maps: Vec<(String, Py<PyAny>)> = get("maps")?.extract()?;
     let batch_maps: Vec<(String, Py<PyAny>)> = get("batch_maps")?.extract()?;
@@ -463,8 +501,8 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
     let mut figures: Vec<Arc<GilFigures>> = Vec::new();
 
     let opts = settings.copy()?;
-    if !decode.is_none() {
-        for (k, v) in decode.cast::<PyDict>()?.iter() {
+    if !stage_options.is_none() {
+        for (k, v) in stage_options.cast::<PyDict>()?.iter() {
             opts.set_item(k, v)?;
         }
     }
@@ -580,6 +618,41 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                 .map_err(crate::loader::job_error)?;
             (job, parsed.output, parsed.device)
         }
+        "text_lines" => {
+            let parsed = parse_options(py, "text", Some(what), Some(opts))?;
+            let DomainSettings::Text(ts) = parsed.settings else {
+                return Err(PyValueError::new_err("text_lines: not a text source"));
+            };
+            let stage_opts = ferrofeed_core::StageOptions::new().workers(ts.common.workers);
+            let tail: Option<ferrofeed_jobs::text::Tail> = match collate {
+                None => None,
+                Some(collate) => {
+                    let stages: Vec<(String, Py<PyAny>, Arc<GilFigures>)> = maps
+                        .into_iter()
+                        .map(|(n, f)| {
+                            let fig = GilFigures::new(&n);
+                            (n, f, fig)
+                        })
+                        .collect();
+                    figures.extend(stages.iter().map(|(_, _, f)| Arc::clone(f)));
+                    let collate_figures = GilFigures::new("collate");
+                    figures.push(Arc::clone(&collate_figures));
+                    let r = Arc::clone(&raised);
+                    let c = PyCollate {
+                        f: collate,
+                        raised: Arc::clone(&raised),
+                        figures: collate_figures,
+                    };
+                    Some(Box::new(move |b| {
+                        python_tail::<ferrofeed_text::Tokens>(b, stage_opts, stages, c, &r)
+                    }))
+                }
+            };
+            let job = py
+                .detach(move || ferrofeed_jobs::text::build_with(ts, tail))
+                .map_err(crate::loader::job_error)?;
+            (job, parsed.output, parsed.device)
+        }
         "sequence" => {
             let parsed = parse_options(py, "vision", None, Some(opts))?;
             let common = parsed.settings.common().clone();
@@ -636,7 +709,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
         }
         other => {
             return Err(PyValueError::new_err(format!(
-                "source: {other:?} is not image_folder, files, shards or sequence"
+                "source: {other:?} is not image_folder, files, shards, text_lines or sequence"
             )))
         }
     };

@@ -328,3 +328,25 @@ def test_shards_decode_as_the_native_loader_reads_them(vision_dir, tmp_path):
     assert [b["twice"].tolist() for b in with_map] == [(b["labels"] * 2).tolist() for b in want]
     with pytest.raises(ValueError, match="'read' reads component 'path', which neither source.shards"):
         ff.Pipeline(ff.source.shards(tmp_path)).read().decode_image().build()
+
+
+@pytest.mark.parametrize("batching", [dict(batch_size=16), dict(max_tokens=512)])
+def test_text_lines_and_tokenize_give_the_text_loaders_batches(text_file, batching):
+    opts = dict(seed=2, workers=2, output="numpy", **batching)
+    want = batches(ff.text(text_file, max_length=32, **opts))
+    p = ff.Pipeline(ff.source.text_lines(text_file), **opts).tokenize(max_length=32).build()
+    same(batches(p), want)
+
+    def count(sample, rng):
+        sample["n_tokens"] = len(sample["input_ids"])
+        return sample
+
+    q = ff.Pipeline(ff.source.text_lines(text_file), **opts).tokenize(max_length=32).map(count).build()
+    got = batches(q)
+    assert [b["indices"].tolist() for b in got] == [b["indices"].tolist() for b in want]
+    for g, w in zip(got, want):
+        assert g["n_tokens"].tolist() == w["attention_mask"].sum(1).tolist()
+        width = g["input_ids"].shape[1]
+        assert np.array_equal(g["input_ids"], w["input_ids"][:, :width])
+    with pytest.raises(ValueError, match="add .tokenize"):
+        ff.Pipeline(ff.source.text_lines(text_file)).map(count).build()
