@@ -382,8 +382,22 @@ fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
         .collect()
 }
 
+/// What follows the features (and augmentation) in place of the feature
+/// collate (stages of a front end's own and its collate).
+pub type Tail = Box<
+    dyn FnOnce(ferrofeed_core::PipelineBuilder) -> Result<ferrofeed_core::PipelineBuilder, JobError>
+        + Send,
+>;
+
 /// The audio job `a` describes.
 pub fn build(a: AudioSettings) -> Result<Job, JobError> {
+    build_with(a, None)
+}
+
+/// The audio job `a` describes, with `tail` (when given) after the
+/// features and augmentation instead of the feature collate: the same
+/// chunks, order and features reach it.
+pub fn build_with(a: AudioSettings, tail: Option<Tail>) -> Result<Job, JobError> {
     let c = &a.common;
     c.check()?;
     crate::settings::check_workers("--interleave", a.audio.interleave)?;
@@ -413,8 +427,13 @@ pub fn build(a: AudioSettings) -> Result<Job, JobError> {
     let cache = feature_cache(&a.audio)?;
     let b = with_stages(files, stages, opts, cache.as_ref())
         .batch_size(c.batch_size)
-        .interleave(interleave)
-        .collate(FeatureCollate::new().buffers(a.audio.pin.pool(c.workers.resolve(cpus), 1)?));
+        .interleave(interleave);
+    let b = match tail {
+        None => {
+            b.collate(FeatureCollate::new().buffers(a.audio.pin.pool(c.workers.resolve(cpus), 1)?))
+        }
+        Some(tail) => tail(b)?,
+    };
     let mut b = c.configure(b, &resources, cpus)?;
     let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());
     if c.shuffle {

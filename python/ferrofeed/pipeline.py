@@ -38,6 +38,13 @@ __all__ = ["Pipeline", "source", "Source", "default_collate"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+# The audio flags that shape chunks (source.audio), features
+# (.features) and augmentation (.augment).
+_AUDIO_SOURCE = ("sample_rate", "chunk_seconds", "overlap_seconds", "chunk_offsets", "segment_seconds", "channels",
+                 "non_finite", "interleave")
+_AUDIO_FEATURES = ("n_fft", "hop", "n_mels", "feature_cache", "feature_cache_size")
+_AUDIO_AUGMENT = ("time_masks", "time_mask_width", "freq_masks", "freq_mask_width", "gain_db")
+
 # Keywords of ``Pipeline(...)`` beyond the settings every domain shares
 # (``max_tokens``: length buckets of text instead of a fixed batch size).
 _OWN = ("output", "pin_memory", "device", "max_tokens")
@@ -116,6 +123,25 @@ class _Sources:
         if field is not None and not isinstance(field, str):
             raise TypeError(f"text_lines: field: expected a str, got {type(field).__name__}")
         return Source("text_lines", (p, field), ("text",), True)
+
+    @staticmethod
+    def audio(path: PathLike, **flags: Any) -> Source:
+        """Audio files (wav, flac, mp3, ogg) in a folder, recursively, or a
+        URL prefix, read as streamed chunks: components ``audio`` (float32
+        ``[samples]``) and ``chunk_start``. ``flags``: the chunking flags
+        of ``ferrofeed audio`` (``sample_rate``, ``chunk_seconds``,
+        ``overlap_seconds``, ``chunk_offsets``, ``segment_seconds``,
+        ``channels``, ``non_finite``, ``interleave``)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"audio: path: expected a str or path, got {type(path).__name__}")
+        p = os.fspath(path)
+        if "://" not in p and not os.path.exists(p):
+            raise FileNotFoundError(f"audio: {p}: no such file or directory")
+        known = set(_AUDIO_SOURCE)
+        for k in flags:
+            if k not in known:
+                raise TypeError(f"audio() got an unexpected keyword argument '{k}'")
+        return Source("audio", (p, dict(flags)), ("audio", "chunk_start"), True)
 
     @staticmethod
     def sequence(obj: Any) -> Source:
@@ -219,6 +245,28 @@ class Pipeline:
             options["field"] = field
         return self._add(_Stage("tokenize", "tokenize", ("text",), ("input_ids",), options=options))
 
+    def features(self, kind: str = "logmel", **flags: Any) -> "Pipeline":
+        """``audio`` → ``features`` (float32 ``[bins, frames]``): ``kind``
+        ``"logmel"``, ``"mel"``, ``"spectrogram"`` or ``"waveform"``;
+        ``flags``: ``n_fft``, ``hop``, ``n_mels``, ``feature_cache``,
+        ``feature_cache_size``."""
+        for k in flags:
+            if k not in _AUDIO_FEATURES:
+                raise TypeError(f"features() got an unexpected keyword argument '{k}'")
+        if not isinstance(kind, str):
+            raise TypeError(f"features: kind: expected a str, got {type(kind).__name__}")
+        return self._add(_Stage("features", "features", ("audio",), ("features",),
+                                options={"features": kind, **flags}))
+
+    def augment(self, **flags: Any) -> "Pipeline":
+        """SpecAugment masks and a random gain on ``features``, seeded per
+        sample and epoch: ``time_masks``, ``time_mask_width``,
+        ``freq_masks``, ``freq_mask_width``, ``gain_db``."""
+        for k in flags:
+            if k not in _AUDIO_AUGMENT:
+                raise TypeError(f"augment() got an unexpected keyword argument '{k}'")
+        return self._add(_Stage("augment", "augment", ("features",), ("features",), options=dict(flags)))
+
     def normalize(self, mean: Sequence[float], std: Sequence[float]) -> "Pipeline":
         """``image`` → float32 ``[3, H, W]``: ``(x / 255 - mean) / std`` per
         channel."""
@@ -273,7 +321,7 @@ class Pipeline:
                         f"stage {st.name!r}: the Python stages of a text_lines pipeline take tokenized "
                         "samples (component input_ids): add .tokenize() before it"
                     )
-                if first_python is None and self._source.native and self._source.kind != "text_lines" \
+                if first_python is None and self._source.native and self._source.kind not in ("text_lines", "audio") \
                         and "image" not in have:
                     raise ValueError(
                         f"stage {st.name!r}: the Python stages of an image_folder pipeline take decoded "
@@ -297,7 +345,13 @@ class Pipeline:
             have.difference_update(st.reads)
             have.update(st.writes)
         kinds = [s.kind for s in self._stages if s.kind not in ("map", "map_batches")]
-        if self._source.kind == "text_lines":
+        if self._source.kind == "audio":
+            if kinds not in ([], ["features"], ["features", "augment"]):
+                raise ValueError(
+                    "an audio pipeline's native stages are .features(), then optionally .augment(); "
+                    f"got {'.'.join(k + '()' for k in kinds)}"
+                )
+        elif self._source.kind == "text_lines":
             if kinds != ["tokenize"]:
                 raise ValueError(
                     f"a text_lines pipeline's native stage is .tokenize(); got {'.'.join(k + '()' for k in kinds) or 'none'}"
@@ -326,9 +380,17 @@ class Pipeline:
         batch_maps = [(s.name, s.args["fn"]) for s in self._stages if s.kind == "map_batches"]
         stage_options: Dict[str, Any] = {}
         for s in self._stages:
-            if s.kind in ("decode_image", "tokenize"):
+            if s.kind in ("decode_image", "tokenize", "features", "augment"):
                 stage_options.update(s.args["options"])
         what = self._source.what
+        if self._source.kind == "audio":
+            what, flags = what
+            stage_options.update(flags)
+            if not any(s.kind == "features" for s in self._stages):
+                # Chunks as they are: the waveform, handed on as `audio`.
+                stage_options["features"] = "waveform"
+                if maps or batch_maps or self._collate is not None:
+                    maps.insert(0, ("to_audio", _as_audio))
         if self._source.kind == "text_lines":
             what, field = what
             if field is not None:
@@ -365,8 +427,16 @@ def _three(what: str, v: Sequence[float]) -> Tuple[float, float, float]:
     return t  # type: ignore[return-value]
 
 
+def _as_audio(sample: Dict[str, Any], rng: Any) -> Dict[str, Any]:
+    """A waveform chunk's features as the component ``audio`` (``[samples]``,
+    or ``[channels, samples]`` when channels are kept)."""
+    f = sample.pop("features")
+    sample["audio"] = f[0] if f.ndim == 2 and f.shape[0] == 1 else f.reshape(f.shape[0], -1)
+    return sample
+
+
 # Batch column names of components that differ (as the native loaders').
-_COLUMN = {"image": "images", "label": "labels"}
+_COLUMN = {"image": "images", "label": "labels", "length": "lengths", "chunk_start": "chunk_starts"}
 
 
 def _fail(message: str, at: Optional[int]) -> Exception:

@@ -172,12 +172,43 @@ impl IntoRow for (NormalizedImage, Label) {
 }
 
 impl IntoRow for ferrofeed_text::Tokens {
-    fn into_dict<'py>(self, py: Python<'py>, np: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    fn into_dict<'py>(
+        self,
+        py: Python<'py>,
+        np: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let ids: Vec<i64> = self.0.iter().map(|&t| i64::from(t)).collect();
         let n = ids.len();
         let d = PyDict::new(py);
         let t = Tensor::from_slice(&ids, &[n]);
-        d.set_item("input_ids", np.call_method1("asarray", (Bound::new(py, Array::new(t))?,))?)?;
+        d.set_item(
+            "input_ids",
+            np.call_method1("asarray", (Bound::new(py, Array::new(t))?,))?,
+        )?;
+        Ok(d)
+    }
+}
+
+impl IntoRow for ferrofeed_audio::ChunkFeatures {
+    fn into_dict<'py>(
+        self,
+        py: Python<'py>,
+        np: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let f = self.features;
+        let shape = if self.channels > 1 {
+            vec![self.channels, f.bins / self.channels.max(1), f.frames]
+        } else {
+            vec![f.bins, f.frames]
+        };
+        let d = PyDict::new(py);
+        let t = Tensor::from_slice(&f.data, &shape);
+        d.set_item(
+            "features",
+            np.call_method1("asarray", (Bound::new(py, Array::new(t))?,))?,
+        )?;
+        d.set_item("length", self.valid)?;
+        d.set_item("chunk_start", self.start)?;
         Ok(d)
     }
 }
@@ -458,9 +489,17 @@ fn python_tail<I: IntoRow>(
             ("to_python".to_string(), same, GilFigures::new("to_python"))
         }
     };
-    b = b.stage_with(&name, opts, PyMap::<I>::new(f, &name, Arc::clone(raised), fig));
+    b = b.stage_with(
+        &name,
+        opts,
+        PyMap::<I>::new(f, &name, Arc::clone(raised), fig),
+    );
     for (name, f, fig) in maps {
-        b = b.stage_with(&name, opts, PyMap::<PyRow>::new(f, &name, Arc::clone(raised), fig));
+        b = b.stage_with(
+            &name,
+            opts,
+            PyMap::<PyRow>::new(f, &name, Arc::clone(raised), fig),
+        );
     }
     Ok(b.collate(collate))
 }
@@ -653,6 +692,41 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                 .map_err(crate::loader::job_error)?;
             (job, parsed.output, parsed.device)
         }
+        "audio" => {
+            let parsed = parse_options(py, "audio", Some(what), Some(opts))?;
+            let DomainSettings::Audio(aset) = parsed.settings else {
+                return Err(PyValueError::new_err("audio: not an audio source"));
+            };
+            let stage_opts = ferrofeed_core::StageOptions::new().workers(aset.common.workers);
+            let tail: Option<ferrofeed_jobs::audio::Tail> = match collate {
+                None => None,
+                Some(collate) => {
+                    let stages: Vec<(String, Py<PyAny>, Arc<GilFigures>)> = maps
+                        .into_iter()
+                        .map(|(n, f)| {
+                            let fig = GilFigures::new(&n);
+                            (n, f, fig)
+                        })
+                        .collect();
+                    figures.extend(stages.iter().map(|(_, _, f)| Arc::clone(f)));
+                    let collate_figures = GilFigures::new("collate");
+                    figures.push(Arc::clone(&collate_figures));
+                    let r = Arc::clone(&raised);
+                    let c = PyCollate {
+                        f: collate,
+                        raised: Arc::clone(&raised),
+                        figures: collate_figures,
+                    };
+                    Some(Box::new(move |b| {
+                        python_tail::<ferrofeed_audio::ChunkFeatures>(b, stage_opts, stages, c, &r)
+                    }))
+                }
+            };
+            let job = py
+                .detach(move || ferrofeed_jobs::audio::build_with(aset, tail))
+                .map_err(crate::loader::job_error)?;
+            (job, parsed.output, parsed.device)
+        }
         "sequence" => {
             let parsed = parse_options(py, "vision", None, Some(opts))?;
             let common = parsed.settings.common().clone();
@@ -707,11 +781,9 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
             let job = py.detach(build).map_err(crate::loader::job_error)?;
             (job, parsed.output, parsed.device)
         }
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "source: {other:?} is not image_folder, files, shards, text_lines or sequence"
-            )))
-        }
+        other => return Err(PyValueError::new_err(format!(
+            "source: {other:?} is not image_folder, files, shards, text_lines, audio or sequence"
+        ))),
     };
     let seed = job.common.seed;
     let batch_stages = if batch_maps.is_empty() {

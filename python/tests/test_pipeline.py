@@ -350,3 +350,32 @@ def test_text_lines_and_tokenize_give_the_text_loaders_batches(text_file, batchi
         assert np.array_equal(g["input_ids"], w["input_ids"][:, :width])
     with pytest.raises(ValueError, match="add .tokenize"):
         ff.Pipeline(ff.source.text_lines(text_file)).map(count).build()
+
+
+def test_audio_chunks_and_features_give_the_audio_loaders_batches(audio_dir):
+    opts = dict(batch_size=4, seed=1, workers=2, output="numpy")
+    want = batches(ff.audio(audio_dir, chunk_seconds=1, features="mel", n_mels=40, time_masks=1,
+                            time_mask_width=5, **opts))
+    p = (ff.Pipeline(ff.source.audio(audio_dir, chunk_seconds=1), **opts)
+         .features("mel", n_mels=40).augment(time_masks=1, time_mask_width=5).build())
+    same(batches(p), want)
+
+    def energy(sample, rng):
+        sample["energy"] = float(sample["features"].sum())
+        return sample
+
+    q = (ff.Pipeline(ff.source.audio(audio_dir, chunk_seconds=1), **opts)
+         .features("mel", n_mels=40).augment(time_masks=1, time_mask_width=5).map(energy).build())
+    got = batches(q)
+    assert [b["indices"].tolist() for b in got] == [b["indices"].tolist() for b in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g["energy"], w["features"].reshape(len(w["features"]), -1).sum(1), rtol=1e-4)
+        assert np.array_equal(g["chunk_starts"], w["chunk_starts"]) and np.array_equal(g["lengths"], w["lengths"])
+    # Without features: the waveform, as `audio`.
+    raw = next(iter(ff.Pipeline(ff.source.audio(audio_dir, chunk_seconds=1), **opts)
+                    .map(lambda s, rng: {**s, "peak": float(np.abs(s["audio"]).max())}).build()))
+    assert raw["audio"].shape == (4, 16000) and raw["audio"].dtype == np.float32
+    with pytest.raises(TypeError, match="audio\\(\\) got an unexpected keyword argument 'n_mels'"):
+        ff.source.audio(audio_dir, n_mels=3)
+    with pytest.raises(ValueError, match="'augment' reads component 'features', which neither source.audio"):
+        ff.Pipeline(ff.source.audio(audio_dir)).augment(time_masks=1).build()
