@@ -144,6 +144,19 @@ class _Sources:
         return Source("audio", (p, dict(flags)), ("audio", "chunk_start"), True)
 
     @staticmethod
+    def iterable(factory: Callable[[int, int], Any], num_shards: int = 64) -> Source:
+        """A stream: ``factory(shard, num_shards)`` returns an iterator over
+        that shard's items (items as for ``sequence``). The shards are split
+        across ranks and workers as tar shards are, each read by one worker
+        per epoch; ``num_shards`` is fixed, so the batches do not depend on
+        the number of workers."""
+        if not callable(factory):
+            raise TypeError(f"iterable: factory: expected a function, got {type(factory).__name__}")
+        if not isinstance(num_shards, int) or isinstance(num_shards, bool) or not 1 <= num_shards <= 1 << 20:
+            raise ValueError(f"iterable: num_shards: expected an int from 1 to 2^20, got {num_shards!r}")
+        return Source("iterable", (factory, num_shards), (), False)
+
+    @staticmethod
     def sequence(obj: Any) -> Source:
         """Any object with ``__len__`` and ``__getitem__``: sample ``i`` is
         ``obj[i]``; a returned dict's keys become components, any other

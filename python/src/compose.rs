@@ -308,6 +308,83 @@ pub fn sequence_item(
     })
 }
 
+/// `source.iterable(factory)`: shard `s` of `num_shards` is the iterator
+/// `factory(s, num_shards)` returns; its items become samples as
+/// `source.sequence`'s do. Shards are split across ranks and workers as tar
+/// shards are.
+pub struct PyIterable {
+    pub factory: Arc<Py<PyAny>>,
+    pub num_shards: usize,
+    pub raised: Raised,
+    pub figures: Arc<GilFigures>,
+}
+
+/// A sample dict from one item a Python source gave.
+fn row_of(v: &Bound<'_, PyAny>) -> PyResult<PyRow> {
+    let py = v.py();
+    let d = match v.cast::<PyDict>() {
+        Ok(d) => d.copy()?,
+        Err(_) => {
+            let d = PyDict::new(py);
+            d.set_item("item", v)?;
+            d
+        }
+    };
+    let bytes = weigh(&d);
+    Ok(PyRow(Arc::new(d.unbind()), bytes))
+}
+
+impl ferrofeed_core::IterableSource for PyIterable {
+    type Output = PyRow;
+    fn num_shards(&self) -> usize {
+        self.num_shards
+    }
+    fn shard_key(&self, shard: usize) -> String {
+        format!("shard {shard} of {}", self.num_shards)
+    }
+    fn open(&self, shard: usize) -> Result<ferrofeed_core::ShardIter<PyRow>, BoxError> {
+        let index = ferrofeed_core::stream_index(shard, 0);
+        let it = attach_kept(|py| -> Result<Py<PyAny>, BoxError> {
+            let held = Instant::now();
+            let out = self
+                .factory
+                .bind(py)
+                .call1((shard, self.num_shards))
+                .and_then(|r| r.try_iter().map(|i| i.into_any().unbind()));
+            self.figures.add(held);
+            out.map_err(|e| stash(&self.raised, index, py, e))
+        })?;
+        let (raised, figures) = (Arc::clone(&self.raised), Arc::clone(&self.figures));
+        let mut n = 0u64;
+        let mut done = false;
+        Ok(Box::new(std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            let at = ferrofeed_core::stream_index(shard, n);
+            n += 1;
+            attach_kept(|py| {
+                let held = Instant::now();
+                let got = it.bind(py).call_method0("__next__");
+                let out = match got {
+                    Ok(v) => Some(row_of(&v).map_err(|e| stash(&raised, at, py, e))),
+                    Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => {
+                        done = true;
+                        None
+                    }
+                    Err(e) => {
+                        // An iterator that raised is spent.
+                        done = true;
+                        Some(Err(stash(&raised, at, py, e)))
+                    }
+                };
+                figures.add(held);
+                out
+            })
+        })))
+    }
+}
+
 /// The collate of a pipeline with Python stages: `collate(samples) ->
 /// dict` (the package's default, or the user's `.collate(fn)`).
 pub struct PyCollate {
@@ -727,19 +804,29 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                 .map_err(crate::loader::job_error)?;
             (job, parsed.output, parsed.device)
         }
-        "sequence" => {
+        "sequence" | "iterable" => {
             let parsed = parse_options(py, "vision", None, Some(opts))?;
             let common = parsed.settings.common().clone();
-            let obj: Py<PyAny> = what.unbind();
-            let len = obj.bind(py).len()? as u64;
             let source_figures = GilFigures::new("source");
             figures.push(Arc::clone(&source_figures));
             let r = Arc::clone(&raised);
-            let source = ferrofeed_core::FnSource::new(len, move |i: u64| {
-                sequence_item(&obj, i, &r, &source_figures)
-            });
+            let mut b = if kind == "sequence" {
+                let obj: Py<PyAny> = what.unbind();
+                let len = obj.bind(py).len()? as u64;
+                let source = ferrofeed_core::FnSource::new(len, move |i: u64| {
+                    sequence_item(&obj, i, &r, &source_figures)
+                });
+                ferrofeed_core::Pipeline::builder(source)
+            } else {
+                let (factory, num_shards): (Py<PyAny>, usize) = what.extract()?;
+                ferrofeed_core::Pipeline::builder_iterable(PyIterable {
+                    factory: Arc::new(factory),
+                    num_shards,
+                    raised: r,
+                    figures: source_figures,
+                })
+            };
             let stage_opts = ferrofeed_core::StageOptions::new().workers(common.workers);
-            let mut b = ferrofeed_core::Pipeline::builder(source);
             for (name, f) in maps {
                 let fig = GilFigures::new(&name);
                 figures.push(Arc::clone(&fig));
@@ -782,7 +869,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
             (job, parsed.output, parsed.device)
         }
         other => return Err(PyValueError::new_err(format!(
-            "source: {other:?} is not image_folder, files, shards, text_lines, audio or sequence"
+            "source: {other:?} is not image_folder, files, shards, text_lines, audio, sequence or iterable"
         ))),
     };
     let seed = job.common.seed;

@@ -379,3 +379,33 @@ def test_audio_chunks_and_features_give_the_audio_loaders_batches(audio_dir):
         ff.source.audio(audio_dir, n_mels=3)
     with pytest.raises(ValueError, match="'augment' reads component 'features', which neither source.audio"):
         ff.Pipeline(ff.source.audio(audio_dir)).augment(time_masks=1).build()
+
+
+def shard_items(shard, num_shards):
+    return ({"n": i, "x": np.full(2, i, np.float32)} for i in range(shard, 100, num_shards))
+
+
+def test_an_iterable_factory_is_read_shard_by_shard_each_item_once():
+    def run(workers, **kw):
+        p = (ff.Pipeline(ff.source.iterable(shard_items, num_shards=8), batch_size=8, seed=4, workers=workers,
+                         output="numpy", **kw)
+             .map(lambda s, rng: {**s, "r": float(rng.random())}).build())
+        return batches(p)
+
+    one, two = run(1), run(2)
+    same(one, two)
+    got = sorted(int(n) for b in one for n in b["n"])
+    assert got == list(range(100))
+    ranks = [sorted(int(n) for b in run(2, rank=r, world_size=2, pad_shards=False) for n in b["n"]) for r in (0, 1)]
+    assert sorted(ranks[0] + ranks[1]) == list(range(100)) and not set(ranks[0]) & set(ranks[1])
+
+
+def test_an_iterable_that_raises_is_a_sample_error_caused_by_it():
+    def bad(shard, num_shards):
+        yield {"n": shard}
+        raise Boom(f"shard {shard} broke")
+
+    p = ff.Pipeline(ff.source.iterable(bad, num_shards=2), batch_size=2, shuffle=False, workers=1).build()
+    with pytest.raises(ff.SampleError) as e:
+        list(p)
+    assert isinstance(e.value.__cause__, Boom)
