@@ -385,7 +385,10 @@ fn chunk_entries(files: &[PathBuf], batch: &Batch) -> Vec<IndexEntry> {
 /// What follows the features (and augmentation) in place of the feature
 /// collate (stages of a front end's own and its collate).
 pub type Tail = Box<
-    dyn FnOnce(ferrofeed_core::PipelineBuilder) -> Result<ferrofeed_core::PipelineBuilder, JobError>
+    dyn FnOnce(
+            ferrofeed_core::PipelineBuilder,
+            crate::SampleName,
+        ) -> Result<ferrofeed_core::PipelineBuilder, JobError>
         + Send,
 >;
 
@@ -432,7 +435,18 @@ pub fn build_with(a: AudioSettings, tail: Option<Tail>) -> Result<Job, JobError>
         None => {
             b.collate(FeatureCollate::new().buffers(a.audio.pin.pool(c.workers.resolve(cpus), 1)?))
         }
-        Some(tail) => tail(b)?,
+        Some(tail) => {
+            // Each chunk's file, from the shard its index encodes.
+            let files = Arc::new(paths.clone());
+            let name = crate::SampleName {
+                component: "path",
+                of: Arc::new(move |i| {
+                    let shard = usize::try_from(i >> STREAM_POSITION_BITS).ok()?;
+                    Some(files.get(shard)?.display().to_string())
+                }),
+            };
+            tail(b, name)?
+        }
     };
     let mut b = c.configure(b, &resources, cpus)?;
     let budget = c.max_bytes_in_flight.unwrap_or(resources.default_budget());

@@ -38,6 +38,16 @@ pub use job::{
     StageImagesFn,
 };
 pub use remote::RemoteSettings;
+
+/// What names a sample, for a front end's own stages: the component it
+/// goes in (`path`, `key`) and the name of the sample at a dataset index.
+#[derive(Clone)]
+pub struct SampleName {
+    /// The component (`"path"` for files, `"key"` for shard members).
+    pub component: &'static str,
+    /// The name of the sample at an index, when there is one.
+    pub of: std::sync::Arc<dyn Fn(u64) -> Option<String> + Send + Sync>,
+}
 pub use report::{print_table, EpochEntry, Report, SkippedEntry};
 pub use settings::{
     cache_dir, parse_size, size_or_zero, CommonSettings, InspectArgs, InspectOptions, MakeArgs,

@@ -514,9 +514,51 @@ pub type Tail = Box<
     dyn FnOnce(
             PipelineBuilder,
             Arc<dyn ferrofeed_core::BufferSource>,
+            crate::SampleName,
         ) -> Result<PipelineBuilder, JobError>
         + Send,
 >;
+
+/// Each sample's file (`path`) or shard member (`key`), by dataset index.
+fn sample_name(ds: &Dataset) -> crate::SampleName {
+    match ds {
+        Dataset::Folder(f) => {
+            let files = Arc::new(f.files().to_vec());
+            crate::SampleName {
+                component: "path",
+                of: Arc::new(move |i| {
+                    let (p, _) = files.get(usize::try_from(i).ok()?)?;
+                    Some(p.display().to_string())
+                }),
+            }
+        }
+        Dataset::Shards(t) => {
+            let t = Arc::clone(t);
+            crate::SampleName {
+                component: "key",
+                of: Arc::new(move |i| t.key(i)),
+            }
+        }
+        Dataset::Remote(f) => {
+            let f = f.clone();
+            crate::SampleName {
+                component: "path",
+                of: Arc::new(move |i| f.key(i)),
+            }
+        }
+        Dataset::Streamed(t, _) => {
+            let names = Arc::new(t.names().to_vec());
+            crate::SampleName {
+                component: "key",
+                of: Arc::new(move |i| {
+                    let shard = usize::try_from(i >> ferrofeed_core::STREAM_POSITION_BITS).ok()?;
+                    let n = i & ((1u64 << ferrofeed_core::STREAM_POSITION_BITS) - 1);
+                    Some(format!("{}#{n}", names.get(shard)?))
+                }),
+            }
+        }
+    }
+}
 
 /// The vision job `a` describes.
 pub fn build(a: VisionSettings) -> Result<Job, JobError> {
@@ -624,7 +666,7 @@ pub fn build_with(a: VisionSettings, with: Custom) -> Result<Job, JobError> {
     let b = builder_for(&ds, stage, c.workers).batch_size(c.batch_size);
     let mut b = match tail {
         None => b.collate(ferrofeed_vision::collate().buffers(pool)),
-        Some(tail) => tail(b, pool)?,
+        Some(tail) => tail(b, pool, sample_name(&ds))?,
     };
     if let Dataset::Streamed(t, _) = &ds {
         let shards = t.names().len();

@@ -128,7 +128,7 @@ class _Sources:
     def audio(path: PathLike, **flags: Any) -> Source:
         """Audio files (wav, flac, mp3, ogg) in a folder, recursively, or a
         URL prefix, read as streamed chunks: components ``audio`` (float32
-        ``[samples]``) and ``chunk_start``. ``flags``: the chunking flags
+        ``[samples]``), ``chunk_start`` and ``path`` (the chunk's file). ``flags``: the chunking flags
         of ``ferrofeed audio`` (``sample_rate``, ``chunk_seconds``,
         ``overlap_seconds``, ``chunk_offsets``, ``segment_seconds``,
         ``channels``, ``non_finite``, ``interleave``)."""
@@ -236,7 +236,9 @@ class Pipeline:
     def decode_image(self, **options: Any) -> "Pipeline":
         """``bytes`` → ``image`` (uint8 ``[3, H, W]``): decodes and
         transforms; the keywords are the vision flags (``transform``,
-        ``size``, ``resize``, ``max_pixels``, ``cache_bytes``, …)."""
+        ``size``, ``resize``, ``max_pixels``, ``cache_bytes``, …). Python
+        stages after it get ``image``, ``label`` and the sample's ``path``
+        (its file) or ``key`` (its shard member)."""
         known = set(_ferrofeed.setting_names("vision"))
         for k in options:
             if k not in known:

@@ -231,6 +231,9 @@ pub struct PyMap<I> {
     name: String,
     raised: Raised,
     figures: Arc<GilFigures>,
+    /// For the first Python stage: the component naming each sample
+    /// (`path`, `key`), added to the dict it makes.
+    sample_name: Option<ferrofeed_jobs::SampleName>,
     _in: std::marker::PhantomData<fn(I)>,
 }
 
@@ -241,8 +244,15 @@ impl<I> PyMap<I> {
             name: name.to_string(),
             raised,
             figures,
+            sample_name: None,
             _in: std::marker::PhantomData,
         }
+    }
+
+    /// Adds each sample's name (its file or shard member) to its dict.
+    pub fn named(mut self, name: Option<ferrofeed_jobs::SampleName>) -> Self {
+        self.sample_name = name;
+        self
     }
 }
 
@@ -258,6 +268,11 @@ impl<I: IntoRow> Stage for PyMap<I> {
             let out = (|| -> PyResult<Result<PyRow, String>> {
                 let np = py.import("numpy")?;
                 let sample = x.into_dict(py, &np)?;
+                if let Some(n) = &self.sample_name {
+                    if let Some(v) = (n.of)(index) {
+                        sample.set_item(n.component, v)?;
+                    }
+                }
                 let rng = np.getattr("random")?.call_method1("default_rng", (seed,))?;
                 let got = self.f.bind(py).call1((sample, rng))?;
                 let Ok(d) = got.cast::<PyDict>() else {
@@ -554,6 +569,7 @@ fn python_tail<I: IntoRow>(
     maps: Vec<(String, Py<PyAny>, Arc<GilFigures>)>,
     collate: PyCollate,
     raised: &Raised,
+    sample_name: Option<ferrofeed_jobs::SampleName>,
 ) -> Result<ferrofeed_core::PipelineBuilder, ferrofeed_jobs::JobError> {
     let mut maps = maps.into_iter();
     let (name, f, fig) = match maps.next() {
@@ -569,7 +585,7 @@ fn python_tail<I: IntoRow>(
     b = b.stage_with(
         &name,
         opts,
-        PyMap::<I>::new(f, &name, Arc::clone(raised), fig),
+        PyMap::<I>::new(f, &name, Arc::clone(raised), fig).named(sample_name),
     );
     for (name, f, fig) in maps {
         b = b.stage_with(
@@ -654,7 +670,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                 figures.push(Arc::clone(&collate_figures));
             }
             let r = Arc::clone(&raised);
-            let tail: ferrofeed_jobs::vision::Tail = Box::new(move |b, pool| {
+            let tail: ferrofeed_jobs::vision::Tail = Box::new(move |b, pool, sample_name| {
                 let normalized = normalize.is_some();
                 let mut b = match normalize {
                     Some((mean, std)) => b.stage_with(
@@ -698,13 +714,15 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                             &first_name,
                             Arc::clone(&r),
                             fig,
-                        ),
+                        )
+                        .named(Some(sample_name)),
                     )
                 } else {
                     b.stage_with(
                         &first_name,
                         stage_opts,
-                        PyMap::<(Image, Label)>::new(first_fn, &first_name, Arc::clone(&r), fig),
+                        PyMap::<(Image, Label)>::new(first_fn, &first_name, Arc::clone(&r), fig)
+                            .named(Some(sample_name)),
                     )
                 };
                 for ((name, f), fig) in maps.zip(figs) {
@@ -760,7 +778,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                         figures: collate_figures,
                     };
                     Some(Box::new(move |b| {
-                        python_tail::<ferrofeed_text::Tokens>(b, stage_opts, stages, c, &r)
+                        python_tail::<ferrofeed_text::Tokens>(b, stage_opts, stages, c, &r, None)
                     }))
                 }
             };
@@ -794,8 +812,15 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                         raised: Arc::clone(&raised),
                         figures: collate_figures,
                     };
-                    Some(Box::new(move |b| {
-                        python_tail::<ferrofeed_audio::ChunkFeatures>(b, stage_opts, stages, c, &r)
+                    Some(Box::new(move |b, name| {
+                        python_tail::<ferrofeed_audio::ChunkFeatures>(
+                            b,
+                            stage_opts,
+                            stages,
+                            c,
+                            &r,
+                            Some(name),
+                        )
                     }))
                 }
             };

@@ -206,7 +206,14 @@ impl Drop for MapRunner {
             std::mem::forget(Arc::clone(&self.pipeline));
             return;
         }
-        self.finish();
+        // With the GIL released: workers inside `__getitem__` or collate
+        // wait for it before they can stop.
+        Python::attach(|py| {
+            py.detach(|| {
+                self.finish();
+                self.pipeline.stop_and_wait(Duration::from_secs(10));
+            })
+        });
     }
 }
 

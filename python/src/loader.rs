@@ -74,6 +74,13 @@ struct Run {
 }
 
 impl Run {
+    /// Stops the epoch and joins its thread, with the GIL released for the
+    /// wait: the epoch's workers may be inside a Python stage, waiting for
+    /// it (a loader dropped or restarted mid-epoch would otherwise hang).
+    fn finish_released(self) {
+        Python::attach(|py| py.detach(move || self.finish()));
+    }
+
     /// Stops the epoch and joins its thread.
     fn finish(mut self) {
         self.stop.stop();
@@ -533,7 +540,7 @@ impl Loader {
             Some(Msg::End(report, state, completed)) => {
                 let epoch = run.epoch;
                 if let Some(r) = self.run.take() {
-                    r.finish();
+                    r.finish_released();
                 }
                 self.report = Some(*report);
                 self.next_epoch = epoch + 1;
@@ -577,7 +584,7 @@ impl Loader {
             .resume(&s)
             .map_err(|e| PyValueError::new_err(format!("state: {e}")))?;
         if let Some(r) = self.run.take() {
-            r.finish();
+            r.finish_released();
         }
         self.next_epoch = s.epoch;
         self.state = s.clone();
@@ -652,9 +659,19 @@ impl Drop for Loader {
             std::mem::forget(Arc::clone(&self.job));
             return;
         }
-        if let Some(r) = self.run.take() {
-            r.finish();
-        }
+        // With the GIL released: the epoch's workers may be inside a Python
+        // stage, waiting for it. They leave their stages before the
+        // pipeline (and its threads) go.
+        let run = self.run.take();
+        let job = Arc::clone(&self.job);
+        Python::attach(|py| {
+            py.detach(move || {
+                if let Some(r) = run {
+                    r.finish();
+                }
+                job.pipeline.stop_and_wait(Duration::from_secs(10));
+            })
+        });
     }
 }
 
@@ -709,7 +726,7 @@ impl Loader {
     /// stopping any epoch in progress first.
     fn start(&mut self, epoch: u64) {
         if let Some(r) = self.run.take() {
-            r.finish();
+            r.finish_released();
         }
         let resume = self.pending.take();
         let epoch = resume.as_ref().map_or(epoch, |s| s.epoch);

@@ -71,8 +71,10 @@ def test_the_image_a_map_gets_is_the_native_decode(vision_dir):
          .map(lambda s, rng: (seen.append((s["label"], s["image"].copy())), s)[1]).build())
     got = batches(p)
     want = batches(ff.vision(vision_dir, transform="eval", size=32, resize=40, shuffle=False, **{**VISION, "workers": 1}))
-    same(got, want)
+    same([{k: v for k, v in b.items() if k != "path"} for b in got], want)
     assert seen[0][1].shape == (3, 32, 32) and seen[0][1].dtype == np.uint8
+    # And the file it came from, as the component `path`.
+    assert [os.path.relpath(p, vision_dir) for p in got[0]["path"]][:2] == ["class0/img0.jpg", "class0/img1.jpg"]
 
 
 def test_normalize_is_float32_of_the_decoded_pixels(vision_dir):
@@ -326,6 +328,8 @@ def test_shards_decode_as_the_native_loader_reads_them(vision_dir, tmp_path):
     with_map = batches(ff.Pipeline(ff.source.shards(tmp_path), **VISION).decode_image(**opts)
                        .map(lambda s, rng: {**s, "twice": s["label"] * 2}).build())
     assert [b["twice"].tolist() for b in with_map] == [(b["labels"] * 2).tolist() for b in want]
+    # Each sample's shard member (`shard.tar#key`), as the component `key`.
+    assert all(os.path.basename(k).startswith("shard-") and ".tar#" in k for b in with_map for k in b["key"])
     with pytest.raises(ValueError, match="'read' reads component 'path', which neither source.shards"):
         ff.Pipeline(ff.source.shards(tmp_path)).read().decode_image().build()
 
@@ -375,6 +379,7 @@ def test_audio_chunks_and_features_give_the_audio_loaders_batches(audio_dir):
     raw = next(iter(ff.Pipeline(ff.source.audio(audio_dir, chunk_seconds=1), **opts)
                     .map(lambda s, rng: {**s, "peak": float(np.abs(s["audio"]).max())}).build()))
     assert raw["audio"].shape == (4, 16000) and raw["audio"].dtype == np.float32
+    assert all(p.startswith(str(audio_dir)) and p.endswith(".wav") for p in raw["path"])
     with pytest.raises(TypeError, match="audio\\(\\) got an unexpected keyword argument 'n_mels'"):
         ff.source.audio(audio_dir, n_mels=3)
     with pytest.raises(ValueError, match="'augment' reads component 'features', which neither source.audio"):
@@ -409,3 +414,25 @@ def test_an_iterable_that_raises_is_a_sample_error_caused_by_it():
     with pytest.raises(ff.SampleError) as e:
         list(p)
     assert isinstance(e.value.__cause__, Boom)
+
+
+def test_dropping_a_loader_in_the_thread_that_iterates_it_mid_epoch_does_not_hang():
+    """The loader is dropped while workers sit in Python stages, waiting for
+    the GIL its owner holds: its threads are joined with the GIL released.
+    Run in a child, so a hang fails the test instead of stalling the run."""
+    import subprocess
+    import sys
+
+    script = """
+import time, numpy as np, ferrofeed as ff
+def slow(s, rng):
+    time.sleep(0.002)
+    return {"x": np.zeros(64, np.float32) + s["item"]}
+for _ in range(20):
+    b = next(iter(ff.Pipeline(ff.source.sequence(list(range(400))), batch_size=4, workers=2, output="numpy")
+                  .map(slow).build()))
+    assert b["x"].shape == (4, 64)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
