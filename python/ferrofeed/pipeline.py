@@ -451,7 +451,7 @@ def _as_audio(sample: Dict[str, Any], rng: Any) -> Dict[str, Any]:
 
 
 # Batch column names of components that differ (as the native loaders').
-_COLUMN = {"image": "images", "label": "labels", "length": "lengths", "chunk_start": "chunk_starts"}
+_COLUMN = {"image": "images", "label": "labels"}
 
 
 def _fail(message: str, at: Optional[int]) -> Exception:
