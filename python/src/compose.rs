@@ -10,12 +10,10 @@
 //! image_folder ─ read ─ decode ─ [normalize] ─ map(f) ─ map(g) ─ collate ─▶ driver: map_batches(h) ─▶ batch
 //! sequence(obj) ──────────────────────────── map(f) ─ collate ─▶ …
 //! ```
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use ferrofeed_core::sync::LockExt;
 use ferrofeed_core::{
     Batch, BatchRows, BoxError, Collate, CollateError, Component, ComponentId, ComponentSet, Stage,
     StageCtx, Tensor,
@@ -44,8 +42,9 @@ impl Component for PyRow {
 pub struct PyBatch(pub Py<PyDict>);
 
 /// The Python exceptions raised for each sample (by dataset index), so the
-/// `SampleError` the user gets has the original as its `__cause__`.
-pub type Raised = Arc<Mutex<HashMap<u64, Py<PyAny>>>>;
+/// `SampleError` the user gets has the original as its `__cause__`; and
+/// keeping one (the drop-in's own).
+pub(crate) use crate::dropin::{stash, Raised};
 
 /// What a Python stage did: its calls and the time it held the GIL.
 #[derive(Debug)]
@@ -83,21 +82,6 @@ impl GilFigures {
         self.nanos.store(0, Ordering::Relaxed);
         self.calls.store(0, Ordering::Relaxed);
     }
-}
-
-/// Keeps `e` for sample `index` and returns its message for the engine.
-fn stash(raised: &Raised, index: u64, py: Python<'_>, e: PyErr) -> BoxError {
-    let text = format!(
-        "{}: {}",
-        e.get_type(py)
-            .name()
-            .map_or_else(|_| "Exception".to_string(), |n| n.to_string()),
-        e.value(py)
-    );
-    raised
-        .lock_unpoisoned()
-        .insert(index, e.into_value(py).into_any());
-    text.into()
 }
 
 /// What a sample dict weighs: its arrays' and bytes' sizes, 64 bytes for
@@ -289,7 +273,7 @@ impl<I: IntoRow> Stage for PyMap<I> {
             match out {
                 Ok(Ok(row)) => Ok(row),
                 Ok(Err(msg)) => Err(msg.into()),
-                Err(e) => Err(stash(&self.raised, index, py, e)),
+                Err(e) => Err(stash(&self.raised, index, py, e).into()),
             }
         })
     }
@@ -319,7 +303,7 @@ pub fn sequence_item(
             Ok(PyRow(Arc::new(d.unbind()), bytes))
         })();
         figures.add(held);
-        out.map_err(|e| stash(raised, i, py, e))
+        out.map_err(|e| stash(raised, i, py, e).into())
     })
 }
 
@@ -367,7 +351,7 @@ impl ferrofeed_core::IterableSource for PyIterable {
                 .call1((shard, self.num_shards))
                 .and_then(|r| r.try_iter().map(|i| i.into_any().unbind()));
             self.figures.add(held);
-            out.map_err(|e| stash(&self.raised, index, py, e))
+            out.map_err(|e| stash(&self.raised, index, py, e).into())
         })?;
         let (raised, figures) = (Arc::clone(&self.raised), Arc::clone(&self.figures));
         let mut n = 0u64;
@@ -382,7 +366,7 @@ impl ferrofeed_core::IterableSource for PyIterable {
                 let held = Instant::now();
                 let got = it.bind(py).call_method0("__next__");
                 let out = match got {
-                    Ok(v) => Some(row_of(&v).map_err(|e| stash(&raised, at, py, e))),
+                    Ok(v) => Some(row_of(&v).map_err(|e| stash(&raised, at, py, e).into())),
                     Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => {
                         done = true;
                         None
@@ -390,7 +374,7 @@ impl ferrofeed_core::IterableSource for PyIterable {
                     Err(e) => {
                         // An iterator that raised is spent.
                         done = true;
-                        Some(Err(stash(&raised, at, py, e)))
+                        Some(Err(stash(&raised, at, py, e).into()))
                     }
                 };
                 figures.add(held);
@@ -443,16 +427,11 @@ impl Collate for PyCollate {
                 Err(e) => {
                     // The Python side names the sample at fault (one of
                     // another shape, a component another sample lacks).
-                    let blamed = e
-                        .value(py)
-                        .getattr("__ferrofeed_sample__")
-                        .ok()
-                        .and_then(|v| v.extract::<usize>().ok())
-                        .filter(|&p| p < items.len());
+                    let blamed = crate::dropin::blamed(py, &e, items.len());
                     let at = blamed.map_or(first, |p| rows.indices()[p]);
                     Err(CollateError {
                         sample: blamed,
-                        message: stash(&self.raised, at, py, e).to_string(),
+                        message: stash(&self.raised, at, py, e),
                     })
                 }
             }
@@ -514,9 +493,7 @@ impl BatchStages {
             Err(e) => {
                 // Kept under the batch's first sample, for the error's cause.
                 let first = batch.indices().first().copied().unwrap_or(0);
-                Err(Python::attach(|py| {
-                    stash(&self.raised, first, py, e).to_string()
-                }))
+                Err(Python::attach(|py| stash(&self.raised, first, py, e)))
             }
         }
     }
@@ -559,6 +536,33 @@ fn transform_of(t: &Bound<'_, PyAny>) -> PyResult<ferrofeed_vision::Transform> {
             )))
         }
     })
+}
+
+/// A spec's Python stages and collate, each with its figures (added to
+/// `figures`, for the report).
+#[allow(clippy::type_complexity)]
+fn python_parts(
+    maps: Vec<(String, Py<PyAny>)>,
+    collate: Py<PyAny>,
+    raised: &Raised,
+    figures: &mut Vec<Arc<GilFigures>>,
+) -> (Vec<(String, Py<PyAny>, Arc<GilFigures>)>, PyCollate) {
+    let stages: Vec<(String, Py<PyAny>, Arc<GilFigures>)> = maps
+        .into_iter()
+        .map(|(n, f)| {
+            let fig = GilFigures::new(&n);
+            (n, f, fig)
+        })
+        .collect();
+    figures.extend(stages.iter().map(|(_, _, f)| Arc::clone(f)));
+    let collate_figures = GilFigures::new("collate");
+    figures.push(Arc::clone(&collate_figures));
+    let collate = PyCollate {
+        f: collate,
+        raised: Arc::clone(raised),
+        figures: collate_figures,
+    };
+    (stages, collate)
 }
 
 /// The Python stages `maps` after a typed prefix whose components are `I`
@@ -658,21 +662,12 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
             let DomainSettings::Vision(vs) = parsed.settings else {
                 return Err(PyValueError::new_err("image_folder: not a vision source"));
             };
-            let workers = vs.common.workers;
-            let stage_opts = ferrofeed_core::StageOptions::new().workers(workers);
-            let mut stage_figures: Vec<(String, Arc<GilFigures>)> = maps
-                .iter()
-                .map(|(n, _)| (n.clone(), GilFigures::new(n)))
-                .collect();
-            let collate_figures = GilFigures::new("collate");
-            figures.extend(stage_figures.iter().map(|(_, f)| Arc::clone(f)));
-            if collate.is_some() {
-                figures.push(Arc::clone(&collate_figures));
-            }
+            let stage_opts = ferrofeed_core::StageOptions::new().workers(vs.common.workers);
+            let parts = collate.map(|c| python_parts(maps, c, &raised, &mut figures));
             let r = Arc::clone(&raised);
             let tail: ferrofeed_jobs::vision::Tail = Box::new(move |b, pool, sample_name| {
                 let normalized = normalize.is_some();
-                let mut b = match normalize {
+                let b = match normalize {
                     Some((mean, std)) => b.stage_with(
                         "normalize",
                         stage_opts,
@@ -680,7 +675,7 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                     ),
                     None => b,
                 };
-                let Some(collate) = collate else {
+                let Some((stages, collate)) = parts else {
                     let c = ferrofeed_core::StackCollate::new().buffers(pool);
                     let c = if normalized {
                         c.column::<NormalizedImage>("images")
@@ -689,54 +684,12 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                     };
                     return Ok(b.collate(c.column::<Label>("labels")));
                 };
-                // Into Python at the first Python stage (or, with none, at
-                // a stage that hands the sample on as it is).
-                let mut maps = maps.into_iter();
-                let (first_name, first_fn) = match maps.next() {
-                    Some(m) => m,
-                    None => {
-                        let same = Python::attach(|py| -> PyResult<Py<PyAny>> {
-                            Ok(py.eval(c"lambda sample, rng: sample", None, None)?.unbind())
-                        })
-                        .map_err(|e| ferrofeed_jobs::JobError::Usage(e.to_string()))?;
-                        stage_figures.insert(0, ("to_python".into(), GilFigures::new("to_python")));
-                        ("to_python".to_string(), same)
-                    }
-                };
-                let mut figs = stage_figures.into_iter().map(|(_, f)| f);
-                let fig = figs.next().unwrap_or_else(|| GilFigures::new(&first_name));
-                b = if normalized {
-                    b.stage_with(
-                        &first_name,
-                        stage_opts,
-                        PyMap::<(NormalizedImage, Label)>::new(
-                            first_fn,
-                            &first_name,
-                            Arc::clone(&r),
-                            fig,
-                        )
-                        .named(Some(sample_name)),
-                    )
+                let name = Some(sample_name);
+                if normalized {
+                    python_tail::<(NormalizedImage, Label)>(b, stage_opts, stages, collate, &r, name)
                 } else {
-                    b.stage_with(
-                        &first_name,
-                        stage_opts,
-                        PyMap::<(Image, Label)>::new(first_fn, &first_name, Arc::clone(&r), fig)
-                            .named(Some(sample_name)),
-                    )
-                };
-                for ((name, f), fig) in maps.zip(figs) {
-                    b = b.stage_with(
-                        &name,
-                        stage_opts,
-                        PyMap::<PyRow>::new(f, &name, Arc::clone(&r), fig),
-                    );
+                    python_tail::<(Image, Label)>(b, stage_opts, stages, collate, &r, name)
                 }
-                Ok(b.collate(PyCollate {
-                    f: collate,
-                    raised: Arc::clone(&r),
-                    figures: collate_figures,
-                }))
             });
             let custom = ferrofeed_jobs::vision::Custom {
                 files,
@@ -758,30 +711,13 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                 return Err(PyValueError::new_err("text_lines: not a text source"));
             };
             let stage_opts = ferrofeed_core::StageOptions::new().workers(ts.common.workers);
-            let tail: Option<ferrofeed_jobs::text::Tail> = match collate {
-                None => None,
-                Some(collate) => {
-                    let stages: Vec<(String, Py<PyAny>, Arc<GilFigures>)> = maps
-                        .into_iter()
-                        .map(|(n, f)| {
-                            let fig = GilFigures::new(&n);
-                            (n, f, fig)
-                        })
-                        .collect();
-                    figures.extend(stages.iter().map(|(_, _, f)| Arc::clone(f)));
-                    let collate_figures = GilFigures::new("collate");
-                    figures.push(Arc::clone(&collate_figures));
-                    let r = Arc::clone(&raised);
-                    let c = PyCollate {
-                        f: collate,
-                        raised: Arc::clone(&raised),
-                        figures: collate_figures,
-                    };
-                    Some(Box::new(move |b| {
-                        python_tail::<ferrofeed_text::Tokens>(b, stage_opts, stages, c, &r, None)
-                    }))
-                }
-            };
+            let tail: Option<ferrofeed_jobs::text::Tail> = collate.map(|c| {
+                let (stages, c) = python_parts(maps, c, &raised, &mut figures);
+                let r = Arc::clone(&raised);
+                Box::new(move |b| {
+                    python_tail::<ferrofeed_text::Tokens>(b, stage_opts, stages, c, &r, None)
+                }) as ferrofeed_jobs::text::Tail
+            });
             let job = py
                 .detach(move || ferrofeed_jobs::text::build_with(ts, tail))
                 .map_err(crate::loader::job_error)?;
@@ -793,37 +729,20 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                 return Err(PyValueError::new_err("audio: not an audio source"));
             };
             let stage_opts = ferrofeed_core::StageOptions::new().workers(aset.common.workers);
-            let tail: Option<ferrofeed_jobs::audio::Tail> = match collate {
-                None => None,
-                Some(collate) => {
-                    let stages: Vec<(String, Py<PyAny>, Arc<GilFigures>)> = maps
-                        .into_iter()
-                        .map(|(n, f)| {
-                            let fig = GilFigures::new(&n);
-                            (n, f, fig)
-                        })
-                        .collect();
-                    figures.extend(stages.iter().map(|(_, _, f)| Arc::clone(f)));
-                    let collate_figures = GilFigures::new("collate");
-                    figures.push(Arc::clone(&collate_figures));
-                    let r = Arc::clone(&raised);
-                    let c = PyCollate {
-                        f: collate,
-                        raised: Arc::clone(&raised),
-                        figures: collate_figures,
-                    };
-                    Some(Box::new(move |b, name| {
-                        python_tail::<ferrofeed_audio::ChunkFeatures>(
-                            b,
-                            stage_opts,
-                            stages,
-                            c,
-                            &r,
-                            Some(name),
-                        )
-                    }))
-                }
-            };
+            let tail: Option<ferrofeed_jobs::audio::Tail> = collate.map(|c| {
+                let (stages, c) = python_parts(maps, c, &raised, &mut figures);
+                let r = Arc::clone(&raised);
+                Box::new(move |b, name| {
+                    python_tail::<ferrofeed_audio::ChunkFeatures>(
+                        b,
+                        stage_opts,
+                        stages,
+                        c,
+                        &r,
+                        Some(name),
+                    )
+                }) as ferrofeed_jobs::audio::Tail
+            });
             let job = py
                 .detach(move || ferrofeed_jobs::audio::build_with(aset, tail))
                 .map_err(crate::loader::job_error)?;
@@ -852,27 +771,20 @@ pub fn build(py: Python<'_>, spec: &Bound<'_, PyDict>) -> PyResult<crate::loader
                 })
             };
             let stage_opts = ferrofeed_core::StageOptions::new().workers(common.workers);
-            for (name, f) in maps {
-                let fig = GilFigures::new(&name);
-                figures.push(Arc::clone(&fig));
+            let collate = collate.ok_or_else(|| {
+                PyValueError::new_err(
+                    "sequence(): its samples are Python objects and need a Python collate",
+                )
+            })?;
+            let (stages, collate) = python_parts(maps, collate, &raised, &mut figures);
+            for (name, f, fig) in stages {
                 b = b.stage_with(
                     &name,
                     stage_opts,
                     PyMap::<PyRow>::new(f, &name, Arc::clone(&raised), fig),
                 );
             }
-            let collate = collate.ok_or_else(|| {
-                PyValueError::new_err(
-                    "sequence(): its samples are Python objects and need a Python collate",
-                )
-            })?;
-            let collate_figures = GilFigures::new("collate");
-            figures.push(Arc::clone(&collate_figures));
-            let b = b.batch_size(common.batch_size).collate(PyCollate {
-                f: collate,
-                raised: Arc::clone(&raised),
-                figures: collate_figures,
-            });
+            let b = b.batch_size(common.batch_size).collate(collate);
             let resources = ferrofeed_core::Resources::detect();
             let cpus = resources.workers();
             let build = move || -> Result<ferrofeed_jobs::Job, ferrofeed_jobs::JobError> {

@@ -38,14 +38,24 @@ struct PyBatch(Py<PyAny>);
 
 /// Python exceptions by the sample (or batch's first sample) they came
 /// from, so the caller gets the dataset's own exception back.
-type Raised = Arc<Mutex<HashMap<u64, Py<PyAny>>>>;
+pub(crate) type Raised = Arc<Mutex<HashMap<u64, Py<PyAny>>>>;
 
-fn stash(raised: &Raised, index: u64, py: Python<'_>, e: PyErr) -> String {
+pub(crate) fn stash(raised: &Raised, index: u64, py: Python<'_>, e: PyErr) -> String {
     let text = e.to_string();
     raised
         .lock_unpoisoned()
         .insert(index, e.into_value(py).into_any());
     text
+}
+
+/// The position of the sample a failed collate blames (the Python side
+/// sets `__ferrofeed_sample__` on the exception), when it is one of `n`.
+pub(crate) fn blamed(py: Python<'_>, e: &PyErr, n: usize) -> Option<usize> {
+    e.value(py)
+        .getattr("__ferrofeed_sample__")
+        .ok()
+        .and_then(|v| v.extract::<usize>().ok())
+        .filter(|&p| p < n)
 }
 
 thread_local! {
@@ -131,13 +141,7 @@ impl Collate for PyCollate {
                     // The Python side names the sample at fault (a None, one
                     // that fails alone, one of another shape); without a
                     // name the whole batch is at fault.
-                    let blamed = e
-                        .value(py)
-                        .getattr("__ferrofeed_sample__")
-                        .ok()
-                        .and_then(|v| v.extract::<usize>().ok())
-                        .filter(|&p| p < items.len())
-                        .or((items.len() == 1).then_some(0));
+                    let blamed = blamed(py, &e, items.len()).or((items.len() == 1).then_some(0));
                     let at = blamed.map_or(first, |p| rows.indices()[p]);
                     Err(CollateError {
                         sample: blamed,
