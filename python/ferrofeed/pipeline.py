@@ -66,6 +66,16 @@ class Source:
         return f"ferrofeed.source.{self.kind}({self.what!r})"
 
 
+def _dataset_path(source: str, path: Any) -> str:
+    """``path`` as text: a local path that exists, or a URL."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{source}: path: expected a str or path, got {type(path).__name__}")
+    p = os.fspath(path)
+    if "://" not in p and not os.path.exists(p):
+        raise FileNotFoundError(f"{source}: {p}: no such file or directory")
+    return p
+
+
 class _Sources:
     """``ferrofeed.source``: the sources a pipeline starts from."""
 
@@ -73,11 +83,7 @@ class _Sources:
     def image_folder(path: PathLike) -> Source:
         """An ImageFolder tree (``path/<class>/<file>``): components
         ``path`` and ``label`` (the class's position in name order)."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"image_folder: path: expected a str or path, got {type(path).__name__}")
-        p = os.fspath(path)
-        if "://" not in p and not os.path.exists(p):
-            raise FileNotFoundError(f"image_folder: {p}: no such file or directory")
+        p = _dataset_path("image_folder", path)
         return Source("image_folder", p, ("path", "label"), True)
 
     @staticmethod
@@ -85,11 +91,7 @@ class _Sources:
         """WebDataset shards: a ``.tar`` file, a folder of them, or a URL
         prefix holding them; components ``bytes`` (each sample's image
         member) and ``label`` (its ``.cls``)."""
-        if not isinstance(path_or_url, (str, os.PathLike)):
-            raise TypeError(f"shards: expected a str or path, got {type(path_or_url).__name__}")
-        p = os.fspath(path_or_url)
-        if "://" not in p and not os.path.exists(p):
-            raise FileNotFoundError(f"shards: {p}: no such file or directory")
+        p = _dataset_path("shards", path_or_url)
         return Source("shards", p, ("bytes", "label"), True)
 
     @staticmethod
@@ -115,11 +117,7 @@ class _Sources:
         """Lines of a ``.txt``/``.jsonl`` file or folder of them (or a URL
         prefix): component ``text`` (``field``: the JSON field of ``.jsonl``
         lines, default ``"text"``)."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"text_lines: path: expected a str or path, got {type(path).__name__}")
-        p = os.fspath(path)
-        if "://" not in p and not os.path.exists(p):
-            raise FileNotFoundError(f"text_lines: {p}: no such file or directory")
+        p = _dataset_path("text_lines", path)
         if field is not None and not isinstance(field, str):
             raise TypeError(f"text_lines: field: expected a str, got {type(field).__name__}")
         return Source("text_lines", (p, field), ("text",), True)
@@ -132,11 +130,7 @@ class _Sources:
         of ``ferrofeed audio`` (``sample_rate``, ``chunk_seconds``,
         ``overlap_seconds``, ``chunk_offsets``, ``segment_seconds``,
         ``channels``, ``non_finite``, ``interleave``)."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"audio: path: expected a str or path, got {type(path).__name__}")
-        p = os.fspath(path)
-        if "://" not in p and not os.path.exists(p):
-            raise FileNotFoundError(f"audio: {p}: no such file or directory")
+        p = _dataset_path("audio", path)
         known = set(_AUDIO_SOURCE)
         for k in flags:
             if k not in known:
