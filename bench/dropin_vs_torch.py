@@ -17,12 +17,11 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from torch_loader import rss_tree  # noqa: E402  (the same tree sum as the torch baseline)
+from torch_loader import PeakRss  # noqa: E402  (the same tree sum as the torch baseline)
 
 
 class NumpyWork:
@@ -62,15 +61,7 @@ def child(which, kind, data, epochs, workers):
     else:
         ds = NumpyWork(int(data))
     dl = DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
-    peak = [0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_tree(os.getpid()))
-            time.sleep(0.05)
-
-    threading.Thread(target=sample, daemon=True).start()
+    rss = PeakRss()
     rates, reports = [], []
     for _ in range(epochs):
         t = time.perf_counter()
@@ -82,8 +73,7 @@ def child(which, kind, data, epochs, workers):
         rates.append(n / (time.perf_counter() - t))
         if which == "ferrofeed":
             reports.append({k: v for k, v in dl.report().items() if k.endswith("seconds")})
-    stop.set()
-    print(json.dumps({"rates": rates, "peak_rss_bytes": peak[0], "reports": reports}))
+    print(json.dumps({"rates": rates, "peak_rss_bytes": rss.stop(), "reports": reports}))
 
 
 def main():

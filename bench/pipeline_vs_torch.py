@@ -21,12 +21,11 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from torch_loader import rss_tree  # noqa: E402
+from torch_loader import PeakRss, rss_tree  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -88,15 +87,7 @@ def child(which, data, epochs, workers):
         else:
             dl = torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=True, num_workers=workers,
                                              persistent_workers=True)
-    peak = [0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_tree(os.getpid()))
-            time.sleep(0.05)
-
-    threading.Thread(target=sample, daemon=True).start()
+    rss = PeakRss()
     rates, gil = [], None
     for _ in range(epochs):
         t = time.perf_counter()
@@ -108,8 +99,7 @@ def child(which, data, epochs, workers):
         rates.append(n / (time.perf_counter() - t))
     if which == "pipeline_map":
         gil = dl.report()["python_stages"]
-    stop.set()
-    print(json.dumps({"rates": rates, "added_bytes": peak[0] - base, "gil": gil}))
+    print(json.dumps({"rates": rates, "added_bytes": rss.stop() - base, "gil": gil}))
 
 
 COMPARISONS = {

@@ -34,6 +34,25 @@ def rss_tree(pid):
     return total
 
 
+class PeakRss:
+    """Samples `rss_tree` of this process every 50 ms on a thread until
+    `stop()`; `peak` is the largest seen."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_tree(os.getpid()))
+            time.sleep(0.05)
+
+    def stop(self):
+        self._stop.set()
+        return self.peak
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
@@ -53,15 +72,7 @@ def main():
         num_workers=a.workers,
         persistent_workers=a.workers > 0,
     )
-    peak = [0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_tree(os.getpid()))
-            time.sleep(0.05)
-
-    threading.Thread(target=sample, daemon=True).start()
+    rss = PeakRss()
     rates = []
     for _ in range(a.epochs):
         t = time.perf_counter()
@@ -70,8 +81,7 @@ def main():
             assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224)
             n += images.shape[0]
         rates.append(n / (time.perf_counter() - t))
-    stop.set()
-    print(json.dumps({"images_per_s": rates, "peak_rss_bytes": peak[0]}))
+    print(json.dumps({"images_per_s": rates, "peak_rss_bytes": rss.stop()}))
 
 
 if __name__ == "__main__":
