@@ -1,6 +1,6 @@
 //! Device tests that hold on machines with and without CUDA.
 
-use super::*;
+use super::{device_count, local_device, CudaError, PinMode, PinnedPool, Transfer, TransferMode};
 use ferrofeed_core::BufferSource;
 
 #[test]

@@ -3,7 +3,7 @@
 use super::huffman::{Huff, LUT_BITS, MULTI_BITS};
 use super::index::ENTRY_OVERHEAD;
 use super::standin::{category, dc_reachable, dc_steps};
-use super::*;
+use super::{Layout, Mark, ScanIndex};
 
 /// Marks from a cut-off file stop where its data does: rows inside the
 /// remaining bytes are marked, rows past the cut are refused, and the
